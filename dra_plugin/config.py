@@ -87,51 +87,102 @@ class _Opt:
 
 _COMMON = (
     _Opt("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", ""),
-    _Opt("--vendors", "VENDORS", "comma-separated vendors to enable (intel,nvidia)", "intel,nvidia"),
-    _Opt("--intel-driver-name", "INTEL_DRIVER_NAME", "DRA driver name for Intel GPUs",
-         "gpu.intel.com"),
-    _Opt("--nvidia-driver-name", "NVIDIA_DRIVER_NAME", "DRA driver name for NVIDIA GPUs",
-         "gpu.nvidia.com"),
-    _Opt("--nvidia-driver-root", "NVIDIA_DRIVER_ROOT",
-         "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)", "/"),
+    _Opt(
+        "--vendors", "VENDORS", "comma-separated vendors to enable (intel,nvidia)", "intel,nvidia"
+    ),
+    _Opt(
+        "--intel-driver-name",
+        "INTEL_DRIVER_NAME",
+        "DRA driver name for Intel GPUs",
+        "gpu.intel.com",
+    ),
+    _Opt(
+        "--nvidia-driver-name",
+        "NVIDIA_DRIVER_NAME",
+        "DRA driver name for NVIDIA GPUs",
+        "gpu.nvidia.com",
+    ),
+    _Opt(
+        "--nvidia-driver-root",
+        "NVIDIA_DRIVER_ROOT",
+        "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)",
+        "/",
+    ),
     _Opt("--host-root", "HOST_ROOT", "root of the host filesystem (doctor reads /proc, /etc)", "/"),
     _Opt("--kubeconfig", "KUBECONFIG", "kubeconfig file (default: in-cluster config)", ""),
-    _Opt("--log-level", "LOG_LEVEL", "log level", "info",
-         ("debug", "info", "warning", "error")),
+    _Opt("--log-level", "LOG_LEVEL", "log level", "info", ("debug", "info", "warning", "error")),
     _Opt("--log-format", "LOG_FORMAT", "log format", "text", ("text", "json")),
 )
 
 _RUN = (
     _Opt("--pod-uid", "POD_UID", "pod UID; enables rolling-update socket names", ""),
-    _Opt("--kubelet-registrar-directory-path", "KUBELET_REGISTRAR_DIRECTORY_PATH",
-         "kubelet plugin registration directory", "/var/lib/kubelet/plugins_registry"),
-    _Opt("--kubelet-plugins-directory-path", "KUBELET_PLUGINS_DIRECTORY_PATH",
-         "kubelet plugins directory (DRA sockets and plugin state)", "/var/lib/kubelet/plugins"),
+    _Opt(
+        "--kubelet-registrar-directory-path",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH",
+        "kubelet plugin registration directory",
+        "/var/lib/kubelet/plugins_registry",
+    ),
+    _Opt(
+        "--kubelet-plugins-directory-path",
+        "KUBELET_PLUGINS_DIRECTORY_PATH",
+        "kubelet plugins directory (DRA sockets and plugin state)",
+        "/var/lib/kubelet/plugins",
+    ),
     _Opt("--cdi-root", "CDI_ROOT", "directory the CDI specs are written to", "/var/cdi/dynamic"),
-    _Opt("--cdi-max-version", "CDI_MAX_VERSION",
-         "highest cdiVersion to write (containerd 2.0.0-2.0.4 reject newer than 0.8.0)", "0.8.0"),
-    _Opt("--nvidia-cdi-strategy", "NVIDIA_CDI_STRATEGY",
-         "how NVIDIA userspace reaches containers", "auto", CDI_STRATEGIES),
-    _Opt("--nvidia-toolkit-cdi-dirs", "NVIDIA_TOOLKIT_CDI_DIRS",
-         "comma-separated dirs searched for the NVIDIA toolkit's CDI spec",
-         "/var/cdi/static,/var/run/cdi,/etc/cdi"),
+    _Opt(
+        "--cdi-max-version",
+        "CDI_MAX_VERSION",
+        "highest cdiVersion to write (containerd 2.0.0-2.0.4 reject newer than 0.8.0)",
+        "0.8.0",
+    ),
+    _Opt(
+        "--nvidia-cdi-strategy",
+        "NVIDIA_CDI_STRATEGY",
+        "how NVIDIA userspace reaches containers",
+        "auto",
+        CDI_STRATEGIES,
+    ),
+    _Opt(
+        "--nvidia-toolkit-cdi-dirs",
+        "NVIDIA_TOOLKIT_CDI_DIRS",
+        "comma-separated dirs searched for the NVIDIA toolkit's CDI spec",
+        "/var/cdi/static,/var/run/cdi,/etc/cdi",
+    ),
     _Opt("--metrics-address", "METRICS_ADDRESS", "metrics/healthz listen address", "0.0.0.0"),
     _Opt("--metrics-port", "METRICS_PORT", "metrics/healthz port (0 disables)", "8080"),
-    _Opt("--shutdown-grace-seconds", "SHUTDOWN_GRACE_SECONDS",
-         "how long in-flight calls may finish after SIGTERM", "10"),
-    _Opt("--health-check-timeout-seconds", "HEALTH_CHECK_TIMEOUT_SECONDS",
-         "after this long without an update the kubelet treats device health as unknown", "30"),
-    _Opt("--taint-effect", "HEALTH_TAINT_EFFECT",
-         "effect of the taint on unhealthy devices (None disables tainting)", "NoSchedule",
-         TAINT_EFFECTS),
-    _Opt("--xid-ignore", "NVIDIA_XID_IGNORE", "comma-separated XIDs that do not mark a GPU unhealthy",
-         ",".join(str(x) for x in DEFAULT_XID_IGNORE)),
+    _Opt(
+        "--shutdown-grace-seconds",
+        "SHUTDOWN_GRACE_SECONDS",
+        "how long in-flight calls may finish after SIGTERM",
+        "10",
+    ),
+    _Opt(
+        "--health-check-timeout-seconds",
+        "HEALTH_CHECK_TIMEOUT_SECONDS",
+        "after this long without an update the kubelet treats device health as unknown",
+        "30",
+    ),
+    _Opt(
+        "--taint-effect",
+        "HEALTH_TAINT_EFFECT",
+        "effect of the taint on unhealthy devices (None disables tainting)",
+        "NoSchedule",
+        TAINT_EFFECTS,
+    ),
+    _Opt(
+        "--xid-ignore",
+        "NVIDIA_XID_IGNORE",
+        "comma-separated XIDs that do not mark a GPU unhealthy",
+        ",".join(str(x) for x in DEFAULT_XID_IGNORE),
+    ),
 )
 
 _COMMANDS: dict[str, tuple[str, tuple[_Opt, ...]]] = {
     "run": ("run the kubelet plugin daemon", _COMMON + _RUN),
-    "discover": ("print the GPUs found on this node and the ResourceSlices run would publish",
-                 _COMMON + _RUN),
+    "discover": (
+        "print the GPUs found on this node and the ResourceSlices run would publish",
+        _COMMON + _RUN,
+    ),
     "doctor": ("check this node for GPU, driver, CDI and kubelet problems", _COMMON + _RUN),
 }
 
@@ -151,12 +202,15 @@ def _parser() -> argparse.ArgumentParser:
     for name, (help_text, opts) in _COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         for o in opts:
-            p.add_argument(o.flag, default=None, choices=o.choices,
-                           help=f"{o.help} [{o.env}, default {o.default!r}]")
+            p.add_argument(
+                o.flag,
+                default=None,
+                choices=o.choices,
+                help=f"{o.help} [{o.env}, default {o.default!r}]",
+            )
         if name in ("discover", "doctor"):
             choices = ("table", "json", "yaml") if name == "discover" else ("table", "json")
-            p.add_argument("-o", "--output", default="table", choices=choices,
-                           help="output format")
+            p.add_argument("-o", "--output", default="table", choices=choices, help="output format")
     return parser
 
 
@@ -193,8 +247,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     node_name = raw["node_name"]
     if not node_name:
         if command == "run":
-            raise ConfigError("node name is missing: set --node-name or NODE_NAME "
-                              "(the chart sets it from spec.nodeName)")
+            raise ConfigError(
+                "node name is missing: set --node-name or NODE_NAME "
+                "(the chart sets it from spec.nodeName)"
+            )
         node_name = socket.gethostname().lower()
     if not is_dns_subdomain(node_name):
         raise ConfigError(f"node name {node_name!r} is not a lowercase DNS subdomain")
@@ -205,8 +261,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"VENDORS={raw['vendors']!r}: use a comma list of 'intel' and 'nvidia'")
     for key in ("intel_driver_name", "nvidia_driver_name"):
         if not valid_driver_name(raw[key]):
-            raise ConfigError(f"{key.upper()}={raw[key]!r} is not a lowercase DNS subdomain of "
-                              "at most 63 characters")
+            raise ConfigError(
+                f"{key.upper()}={raw[key]!r} is not a lowercase DNS subdomain of "
+                "at most 63 characters"
+            )
     if raw["intel_driver_name"] == raw["nvidia_driver_name"] and len(vendors) == 2:
         raise ConfigError("the Intel and NVIDIA driver names must differ")
 
@@ -217,8 +275,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     try:
         xids = tuple(int(x) for x in _split(raw["xid_ignore"]))
     except ValueError:
-        raise ConfigError(f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of "
-                          "integers") from None
+        raise ConfigError(
+            f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of integers"
+        ) from None
 
     max_version = raw["cdi_max_version"]
     parts = max_version.split(".")
@@ -250,9 +309,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         log_level=raw["log_level"],
         log_format=raw["log_format"],
         shutdown_grace_seconds=float(
-            _number("SHUTDOWN_GRACE_SECONDS", raw["shutdown_grace_seconds"], float, 0)),
-        health_check_timeout_seconds=int(_number(
-            "HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)),
+            _number("SHUTDOWN_GRACE_SECONDS", raw["shutdown_grace_seconds"], float, 0)
+        ),
+        health_check_timeout_seconds=int(
+            _number("HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)
+        ),
         taint_effect=raw["taint_effect"],
         xid_ignore=xids,
         output=getattr(ns, "output", "table"),
@@ -266,5 +327,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
                     raise ConfigError(
                         f"socket path {sock} is {len(os.fsencode(str(sock)))} bytes; unix "
                         f"sockets allow at most {SOCKET_PATH_MAX}: shorten the kubelet "
-                        "directory paths or the driver name")
+                        "directory paths or the driver name"
+                    )
     return cfg

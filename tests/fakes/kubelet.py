@@ -1,0 +1,178 @@
+"""A kubelet emulator: the plugin-registration watcher and the DRA client side.
+
+It behaves like the kubelet where the plugin can tell the difference: it finds
+`*.sock` files in the registry directory, calls GetInfo with the kubelet's 1 s
+timeout, checks the answer the way the kubelet's DRA registration handler does,
+picks the service version (a 1.34+ kubelet takes the first entry of the plugin's list
+it knows; 1.32/1.33 know only v1beta1), reports the registration status, and then
+calls NodePrepareResources / NodeUnprepareResources on the advertised endpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_plugin._proto import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+GET_INFO_TIMEOUT = 1.0  # the kubelet's registration timeout
+DRA_CALL_TIMEOUT = 45.0  # the kubelet's per-call timeout for prepare/unprepare
+KNOWN_VERSIONS = {
+    (1, 32): ("v1beta1.DRAPlugin",),
+    (1, 33): ("v1beta1.DRAPlugin",),
+    (1, 34): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+    (1, 35): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+}
+
+
+class RegistrationRejected(AssertionError):
+    """The plugin's GetInfo answer would make a real kubelet refuse it."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass
+class Plugin:
+    registration_socket: Path
+    info: pluginregistration_pb2.PluginInfo
+    version: str  # "v1" or "v1beta1"
+    channel: grpc.Channel = field(repr=False)
+
+    def _stub_and_pb(self) -> tuple[Any, Any]:
+        if self.version == "v1":
+            return dra_v1_pb2_grpc.DRAPluginStub(self.channel), dra_v1_pb2
+        return dra_v1beta1_pb2_grpc.DRAPluginStub(self.channel), dra_v1beta1_pb2
+
+    def prepare(self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT) -> Any:
+        stub, pb = self._stub_and_pb()
+        req = pb.NodePrepareResourcesRequest(
+            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+        )
+        return stub.NodePrepareResources(req, timeout=timeout)
+
+    def unprepare(self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT) -> Any:
+        stub, pb = self._stub_and_pb()
+        req = pb.NodeUnprepareResourcesRequest(
+            claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
+        )
+        return stub.NodeUnprepareResources(req, timeout=timeout)
+
+    def watch_health(self, timeout: float = 10.0) -> Iterator[Any]:
+        stub = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self.channel)
+        return iter(
+            stub.NodeWatchResources(
+                health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout
+            )
+        )
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def get_info(socket_path: Path, timeout: float = GET_INFO_TIMEOUT) -> Any:
+    with grpc.insecure_channel(f"unix://{socket_path}") as ch:
+        stub = pluginregistration_pb2_grpc.RegistrationStub(ch)
+        return stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=timeout)
+
+
+class Kubelet:
+    def __init__(
+        self, registry_dir: Path, plugins_dir: Path, version: tuple[int, int] = (1, 35)
+    ) -> None:
+        self.registry_dir = registry_dir
+        self.plugins_dir = plugins_dir
+        self.version = version
+        self.plugins: dict[str, Plugin] = {}
+
+    def _choose(self, offered: Sequence[str]) -> str:
+        known = KNOWN_VERSIONS[self.version]
+        for v in offered:
+            if v in known:
+                return v.split(".", 1)[0]
+        raise RegistrationRejected(
+            f"none of {list(offered)} is supported by a {self.version} kubelet"
+        )
+
+    def _validate(self, path: Path, info: Any) -> None:
+        if info.type != "DRAPlugin":
+            raise RegistrationRejected(f"{path}: type {info.type!r} is not DRAPlugin")
+        endpoint = info.endpoint
+        if not os.path.isabs(endpoint):
+            raise RegistrationRejected(f"{path}: endpoint {endpoint!r} is not absolute")
+        if not Path(endpoint).is_relative_to(self.plugins_dir):
+            raise RegistrationRejected(f"{path}: endpoint {endpoint} is outside {self.plugins_dir}")
+        if len(os.fsencode(endpoint)) >= 108:
+            raise RegistrationRejected(f"{path}: endpoint longer than a unix socket path")
+        if not Path(endpoint).exists():
+            raise RegistrationRejected(f"{path}: endpoint {endpoint} does not exist")
+
+    def register(self, reg_socket: Path, accept: bool = True, reason: str = "") -> Plugin:
+        info = get_info(reg_socket)
+        with grpc.insecure_channel(f"unix://{reg_socket}") as ch:
+            stub = pluginregistration_pb2_grpc.RegistrationStub(ch)
+            try:
+                self._validate(reg_socket, info)
+                version = self._choose(list(info.supported_versions))
+            except RegistrationRejected as exc:
+                stub.NotifyRegistrationStatus(
+                    pluginregistration_pb2.RegistrationStatus(
+                        plugin_registered=False, error=str(exc)
+                    ),
+                    timeout=GET_INFO_TIMEOUT,
+                )
+                raise
+            stub.NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=accept, error=reason),
+                timeout=GET_INFO_TIMEOUT,
+            )
+        channel = grpc.insecure_channel(f"unix://{info.endpoint}")
+        plugin = Plugin(reg_socket, info, version, channel)
+        if accept:
+            old = self.plugins.get(info.name)
+            if old is not None:
+                old.close()
+            self.plugins[info.name] = plugin
+        return plugin
+
+    def wait_for(self, driver: str, timeout: float = 15.0, exclude: Sequence[Path] = ()) -> Plugin:
+        """Register the first (new) registration socket that answers for `driver`."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            for sock in sorted(self.registry_dir.glob("*.sock")):
+                if sock in exclude:
+                    continue
+                try:
+                    info = get_info(sock, timeout=0.5)
+                except grpc.RpcError as exc:
+                    last = exc
+                    continue
+                if info.name == driver:
+                    return self.register(sock)
+            time.sleep(0.05)
+        raise TimeoutError(f"no plugin for {driver} registered in {timeout}s (last error {last})")
+
+    def close(self) -> None:
+        for p in self.plugins.values():
+            p.close()
+        self.plugins.clear()

@@ -1,0 +1,85 @@
+"""Static checks that CI must keep green: lint, format, strict typing, generated code."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_ruff_check() -> None:
+    r = _run(str(BIN / "ruff"), "check", ".")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format() -> None:
+    r = _run(str(BIN / "ruff"), "format", "--check", ".")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_strict() -> None:
+    r = _run(str(BIN / "mypy"), "--strict", "dra_plugin")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_generated_protos_are_current(tmp_path: Path) -> None:
+    r = _run("bash", "protos/generate.sh", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    fresh = tmp_path / "dra_plugin" / "_proto"
+    committed = ROOT / "dra_plugin" / "_proto"
+    names = sorted(p.name for p in fresh.iterdir() if p.is_file())
+    assert names == sorted(
+        p.name for p in committed.iterdir() if p.is_file() and p.suffix != ".pyc"
+    )
+    _match, mismatch, errors = filecmp.cmpfiles(fresh, committed, names, shallow=False)
+    assert not mismatch and not errors, f"regenerate with protos/generate.sh: {mismatch + errors}"
+
+
+def test_proto_wire_names() -> None:
+    """Method paths the kubelet calls: the proto packages must be exactly these."""
+    from dra_plugin._proto import (
+        dra_v1_pb2,
+        dra_v1beta1_pb2,
+        health_v1alpha1_pb2,
+        pluginregistration_pb2,
+    )
+
+    assert dra_v1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    )
+    assert dra_v1beta1_pb2.DESCRIPTOR.services_by_name["DRAPlugin"].full_name == (
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    )
+    assert pluginregistration_pb2.DESCRIPTOR.services_by_name["Registration"].full_name == (
+        "pluginregistration.Registration"
+    )
+    assert health_v1alpha1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1alpha1.DRAResourceHealth"
+    )
+    dev = dra_v1_pb2.Device.DESCRIPTOR.fields_by_name
+    assert {n: f.number for n, f in dev.items()} == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    }
+    assert "share_id" not in dra_v1beta1_pb2.Device.DESCRIPTOR.fields_by_name
+    dh = health_v1alpha1_pb2.DeviceHealth.DESCRIPTOR.fields_by_name
+    assert {n: f.number for n, f in dh.items()} == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
+    claim = dra_v1_pb2.Claim.DESCRIPTOR.fields_by_name
+    assert {n: f.number for n, f in claim.items()} == {"namespace": 1, "uid": 2, "name": 3}
