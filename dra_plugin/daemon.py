@@ -1,0 +1,219 @@
+"""The main flow of `dra-plugin run`, top to bottom. Read this file first.
+
+1. Directories; 2. discover devices; 3. checkpoint recovery and CDI garbage collection;
+4. per driver: DRA socket, then registration socket; 5. ResourceSlice publisher, fed by
+hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM: registration
+sockets first, let in-flight calls finish, remove our sockets. ResourceSlices are left in
+place: the next instance (rolling update) or the Node's garbage collection owns them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from dra_plugin import inventory, metrics, nvml, server, udev
+from dra_plugin.cdi import CdiOptions
+from dra_plugin.claims import ClaimPreparer
+from dra_plugin.config import Config
+from dra_plugin.devices import INTEL, NVIDIA, Device, Health
+from dra_plugin.health import HealthTracker
+from dra_plugin.kubeapi import KubeAPI
+from dra_plugin.slices import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+
+class Node:
+    """The daemon's view of its node: current devices per driver, with health applied.
+
+    Hotplug triggers a fresh discovery; health monitors report per device. Every change
+    goes to the publisher (ResourceSlices) and the health tracker (kubelet stream).
+    """
+
+    def __init__(self, cfg: Config, health: HealthTracker, publisher: SlicePublisher) -> None:
+        self._cfg = cfg
+        self._health = health
+        self._publisher = publisher
+        self._discovered: dict[str, tuple[Device, ...]] = {}
+        self.published: dict[str, tuple[Device, ...]] = {}
+        self._held: dict[str, set[str]] = {}
+        self._rescan = asyncio.Event()
+
+    def devices(self, driver: str) -> dict[str, Device]:
+        return {d.name: d for d in self.published.get(driver, ())}
+
+    def set_discovered(self, inv: inventory.Inventory) -> None:
+        for driver, devs in inv.devices.items():
+            old = {d.name: d for d in self._discovered.get(driver, ())}
+            new = {d.name for d in devs}
+            gone = [d for name, d in old.items() if name not in new]
+            # A device that vanished while a claim still holds it stays published as
+            # Unhealthy (and tainted), so the kubelet can tell the pod what happened.
+            kept = tuple(
+                d.with_health(Health.UNHEALTHY, "device removed from the node")
+                for d in gone
+                if d.name in self._held.get(driver, set())
+            )
+            for d in gone:
+                log.warning("device gone driver=%s device=%s", driver, d.name)
+            self._discovered[driver] = tuple(sorted(devs + kept, key=lambda d: d.name))
+        self._publish()
+
+    def set_held(self, driver: str, held: set[str]) -> None:
+        self._held[driver] = held
+
+    def report_health(self, driver: str, device: str, health: Health, reason: str) -> None:
+        if self._health.report(driver, device, health, reason):
+            log.log(
+                logging.WARNING if health is not Health.HEALTHY else logging.INFO,
+                "device health driver=%s device=%s health=%s reason=%r",
+                driver,
+                device,
+                health.value,
+                reason,
+            )
+            self._publish()
+
+    def _publish(self) -> None:
+        for driver, devs in self._discovered.items():
+            applied = self._health.apply(driver, devs)
+            if applied != self.published.get(driver):
+                self.published[driver] = applied
+                metrics.set_devices(driver, len(applied))
+                self._publisher.set_devices(driver, applied)
+
+    def request_rescan(self) -> None:
+        self._rescan.set()
+
+    async def rescan_loop(self) -> None:
+        while True:
+            await self._rescan.wait()
+            self._rescan.clear()
+            inv = await asyncio.to_thread(inventory.discover, self._cfg)
+            self.set_discovered(inv)
+
+
+async def run(cfg: Config) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    drivers = list(cfg.drivers.values())
+
+    # 1. Directories we own.
+    cfg.cdi_root.mkdir(parents=True, exist_ok=True)
+    for driver in drivers:
+        cfg.plugin_dir(driver).mkdir(parents=True, exist_ok=True)
+
+    # 2. Discovery, logged once per vendor.
+    inv = await asyncio.to_thread(inventory.discover, cfg)
+    for note in inv.notes:
+        log.warning("%s", note)
+    for card in inv.skipped:
+        log.info("not published pci=%s reason=%s", card.pci_address, card.reason)
+    log.info("discovered %s", " ".join(f"{d}={len(v)}" for d, v in inv.devices.items()))
+
+    api = KubeAPI.from_config(cfg)
+    health = HealthTracker(pool=cfg.node_name)
+    publisher = SlicePublisher(api, cfg.node_name, drivers, taint_effect=cfg.taint_effect)
+    node = Node(cfg, health, publisher)
+
+    # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
+    preparers: dict[str, ClaimPreparer] = {}
+    for driver in drivers:
+        preparer = ClaimPreparer(
+            driver=driver,
+            node_name=cfg.node_name,
+            state_dir=cfg.plugin_dir(driver),
+            cdi_root=cfg.cdi_root,
+            cdi_options=CdiOptions.from_config(cfg),
+            fetch_claim=api.get_claim,
+            devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
+            on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
+        )
+        await preparer.startup()
+        preparers[driver] = preparer
+    node.set_discovered(inv)
+
+    # 4. Sockets: DRA service first, then registration.
+    servers = [
+        server.DriverServer(
+            driver=driver,
+            dra_socket=cfg.dra_socket(driver),
+            registration_socket=cfg.registration_socket(driver),
+            handler=preparers[driver],
+            health=health,
+            health_timeout_seconds=cfg.health_check_timeout_seconds,
+        )
+        for driver in drivers
+    ]
+    for s in servers:
+        await s.start()
+
+    # 5. Publisher and the monitors that feed it.
+    await publisher.start()
+    tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
+    monitors: list[udev.DrmMonitor | nvml.NvmlHealthMonitor] = []
+    if INTEL in cfg.vendors:
+        monitors.append(udev.DrmMonitor(lambda: loop.call_soon_threadsafe(node.request_rescan)))
+    if NVIDIA in cfg.vendors and node.published.get(cfg.nvidia_driver_name):
+        nv_driver = cfg.nvidia_driver_name
+
+        def on_nvml(device: str, h: Health, reason: str) -> None:
+            loop.call_soon_threadsafe(node.report_health, nv_driver, device, h, reason)
+
+        monitors.append(
+            nvml.NvmlHealthMonitor(
+                cfg.nvidia_driver_root,
+                node.published[nv_driver],
+                on_nvml,
+                cfg.xid_ignore,
+            )
+        )
+    for m in monitors:
+        m.start()
+
+    # 6. Metrics and /healthz.
+    metrics_server = None
+    if cfg.metrics_port:
+        metrics_server = metrics.MetricsServer(
+            cfg.metrics_address, cfg.metrics_port, lambda: sockets_healthy(servers)
+        )
+        await metrics_server.start()
+
+    log.info("running node=%s drivers=%s", cfg.node_name, ",".join(drivers))
+    await stop.wait()
+
+    # 7. Shutdown: the kubelet must stop seeing us before the service goes away.
+    log.info("shutting down grace_seconds=%s", cfg.shutdown_grace_seconds)
+    for s in servers:
+        await s.stop_registration()
+    await asyncio.gather(*(s.stop(cfg.shutdown_grace_seconds) for s in servers))
+    for m in monitors:
+        m.stop()
+    for t in tasks:
+        t.cancel()
+    await publisher.stop()
+    if metrics_server is not None:
+        await metrics_server.stop()
+    log.info("stopped")
+    return 0
+
+
+async def sockets_healthy(servers: list[server.DriverServer]) -> str | None:
+    """None when every driver's two sockets answer, else what is wrong."""
+    for s in servers:
+        for path, probe in (
+            (s.registration_socket, server.get_info),
+            (s.dra_socket, server.dra_answers),
+        ):
+            if not Path(path).exists():
+                return f"{path} is missing"
+            try:
+                await probe(path, 1.0)
+            except Exception as exc:  # noqa: BLE001 - any failure means unhealthy, and says why
+                return f"{path} does not answer: {exc}"
+    return None

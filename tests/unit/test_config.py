@@ -1,0 +1,105 @@
+"""Configuration: flags, env twins, validation messages and the CLI's exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dra_plugin.config import ConfigError, all_options, parse
+
+
+def test_env_twins_and_flags_override() -> None:
+    env = {
+        "NODE_NAME": "mini-1",
+        "CDI_ROOT": "/var/cdi/x",
+        "VENDORS": "intel",
+        "POD_UID": "0b1c-22",
+        "METRICS_PORT": "9090",
+    }
+    cfg = parse(["run"], env)
+    assert cfg.node_name == "mini-1" and cfg.cdi_root == Path("/var/cdi/x")
+    assert cfg.vendors == ("intel",) and cfg.metrics_port == 9090
+    assert cfg.drivers == {"intel": "gpu.intel.com"}
+    assert cfg.registration_socket("gpu.intel.com").name == "gpu.intel.com-0b1c-22-reg.sock"
+    assert cfg.dra_socket("gpu.intel.com") == Path(
+        "/var/lib/kubelet/plugins/gpu.intel.com/dra-0b1c-22.sock"
+    )
+    cfg2 = parse(["run", "--node-name", "mini-2", "--cdi-root", "/var/cdi/y"], env)
+    assert cfg2.node_name == "mini-2" and cfg2.cdi_root == Path("/var/cdi/y")
+
+
+def test_default_socket_names() -> None:
+    cfg = parse(["run"], {"NODE_NAME": "n"})
+    assert str(cfg.registration_socket("gpu.nvidia.com")) == (
+        "/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+    )
+    assert str(cfg.dra_socket("gpu.nvidia.com")) == (
+        "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock"
+    )
+    assert cfg.cdi_root == Path("/var/cdi/dynamic")
+
+
+@pytest.mark.parametrize(
+    "argv,env,message",
+    [
+        (["run"], {}, "node name is missing"),
+        (["run"], {"NODE_NAME": "Mini_1"}, "not a lowercase DNS subdomain"),
+        (
+            ["run", "--intel-driver-name", "GPU.Intel.com"],
+            {"NODE_NAME": "n"},
+            "INTEL_DRIVER_NAME='GPU.Intel.com' is not a lowercase DNS subdomain",
+        ),
+        (["run", "--nvidia-driver-name", "a" * 64], {"NODE_NAME": "n"}, "at most 63"),
+        (
+            ["run", "--kubelet-plugins-directory-path", "/" + "p" * 100],
+            {"NODE_NAME": "n"},
+            "unix sockets allow at most 107",
+        ),
+        (["run"], {"NODE_NAME": "n", "VENDORS": "amd"}, "VENDORS='amd'"),
+        (
+            ["run"],
+            {"NODE_NAME": "n", "METRICS_PORT": "http"},
+            "METRICS_PORT='http' is not a number",
+        ),
+        (["run"], {"NODE_NAME": "n", "CDI_ROOT": "var/cdi"}, "must be an absolute path"),
+        (["run"], {"NODE_NAME": "n", "POD_UID": "../x"}, "POD_UID"),
+        (
+            ["run"],
+            {"NODE_NAME": "n", "NVIDIA_CDI_STRATEGY": "magic"},
+            "NVIDIA_CDI_STRATEGY='magic'",
+        ),
+        (["run"], {"NODE_NAME": "n", "CDI_MAX_VERSION": "1.0"}, "CDI_MAX_VERSION"),
+    ],
+)
+def test_invalid_config_is_named(argv: list[str], env: dict[str, str], message: str) -> None:
+    with pytest.raises(
+        ConfigError,
+        match=message.replace("(", r"\(")
+        .replace(".", r"\.")
+        .replace("*", r"\*")
+        .replace("[", r"\["),
+    ):
+        parse(argv, env)
+
+
+def test_cli_exits_2_with_message() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dra_plugin", "run"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "VENDORS": "intel"},
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "invalid configuration: node name is missing" in r.stderr
+
+
+def test_every_flag_has_env_twin() -> None:
+    opts = all_options()
+    assert opts["--node-name"] == "NODE_NAME"
+    assert opts["--kubelet-registrar-directory-path"] == "KUBELET_REGISTRAR_DIRECTORY_PATH"
+    assert opts["--kubelet-plugins-directory-path"] == "KUBELET_PLUGINS_DIRECTORY_PATH"
+    assert all(env.isupper() for env in opts.values())
