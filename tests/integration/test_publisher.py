@@ -1,0 +1,316 @@
+"""SlicePublisher with the real kubernetes client over HTTP against the fake API server."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from dra_plugin.devices import Device, Health, Version, make_device
+from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
+from dra_plugin.slices import SlicePublisher
+from tests.fakes import apiserver
+from tests.fakes.apiserver import FakeAPIServer
+
+NODE = "mini-1"
+NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
+FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=3, backoff_initial=0.02, backoff_max=0.1)
+
+
+class RecordingAPI(KubeAPI):
+    """The real KubeAPI, keeping a copy of every slice it sends (for schema checks)."""
+
+    sent: list[Obj]
+
+    async def create_slice(self, obj: Obj) -> Obj:
+        self.sent.append(obj)
+        return await super().create_slice(obj)
+
+    async def update_slice(self, obj: Obj) -> Obj:
+        self.sent.append(obj)
+        return await super().update_slice(obj)
+
+
+def gpus(n: int, driver: str = NV, unhealthy: tuple[int, ...] = ()) -> list[Device]:
+    return [
+        make_device(
+            name=f"gpu-{i}",
+            vendor="nvidia",
+            driver=driver,
+            attributes={"uuid": f"GPU-{i}", "index": i, "driverVersion": Version("570.86.15")},
+            capacity={"memory": 24 * 2**30},
+            health=Health.UNHEALTHY if i in unhealthy else Health.HEALTHY,
+            health_reason="XID 79" if i in unhealthy else "",
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def server() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer() as srv:
+        srv.add_node(NODE)
+        yield srv
+
+
+def make_api(srv: FakeAPIServer) -> RecordingAPI:
+    api = RecordingAPI.from_url(srv.url, timeouts=FAST)
+    assert isinstance(api, RecordingAPI)
+    api.sent = []
+    return api
+
+
+def publisher(api: KubeAPI, drivers: tuple[str, ...] = (NV,), **kw: Any) -> SlicePublisher:
+    return SlicePublisher(api, NODE, drivers, backoff_initial=0.05, backoff_max=0.2, **kw)
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def pools(srv: FakeAPIServer, driver: str = NV) -> list[Obj]:
+    return [s for s in srv.list_stored_slices() if s["spec"]["driver"] == driver]
+
+
+def generations(srv: FakeAPIServer, driver: str = NV) -> set[int]:
+    return {s["spec"]["pool"]["generation"] for s in pools(srv, driver)}
+
+
+def stored_devices(srv: FakeAPIServer, driver: str = NV) -> list[str]:
+    return sorted(d["name"] for s in pools(srv, driver) for d in s["spec"].get("devices", []))
+
+
+def check_sent(api: RecordingAPI, version: str = "v1") -> None:
+    assert api.sent
+    for obj in api.sent:
+        kubernetes_validate.validate(obj, "1.35", strict=True)
+        assert apiserver.validate_slice(obj, version) == []
+
+
+def scenario(srv: FakeAPIServer, body: Callable[[RecordingAPI], Awaitable[None]]) -> None:
+    async def go() -> None:
+        api = make_api(srv)
+        try:
+            await body(api)
+        finally:
+            await api.close()
+
+    asyncio.run(go())
+    assert srv.invalid == []  # the fake never had to reject anything we sent
+
+
+def test_first_publish_then_restart_writes_nothing(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api, (NV, INTEL))
+        pub.set_devices(NV, gpus(3, unhealthy=(2,)))
+        pub.set_devices(INTEL, [])
+        await pub.start()
+        assert await pub.wait_synced()
+        assert server.writes() == 2 and pub.stats.creates == 2
+        await pub.stop()
+        check_sent(api)
+
+        # A fresh publisher (a restarted plugin) over unchanged slices writes nothing.
+        before = server.writes()
+        again = publisher(api, (NV, INTEL))
+        again.set_devices(NV, gpus(3, unhealthy=(2,)))
+        again.set_devices(INTEL, [])
+        await again.start()
+        assert await again.wait_synced()
+        await asyncio.sleep(0.3)  # let the watch deliver anything it would react to
+        assert server.writes() == before and again.stats.writes == 0
+        await again.stop()
+
+    scenario(server, body)
+    nv = pools(server)
+    assert len(nv) == 1 and nv[0]["spec"]["pool"] == {
+        "name": NODE,
+        "generation": 1,
+        "resourceSliceCount": 1,
+    }
+    owner = nv[0]["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == server.nodes[NODE]["metadata"]["uid"] and owner["controller"]
+    assert nv[0]["spec"]["devices"][2]["taints"][0]["key"] == "gpu.nvidia.com/unhealthy"
+    intel = pools(server, INTEL)
+    assert len(intel) == 1 and "devices" not in intel[0]["spec"]
+
+
+def test_device_changes_bump_generation_once(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(3))
+        await pub.start()
+        assert await pub.wait_synced()
+        assert generations(server) == {1}
+
+        writes = server.writes()
+        start = time.monotonic()
+        pub.set_devices(NV, gpus(2))  # removed
+        await eventually(lambda: stored_devices(server) == ["gpu-0", "gpu-1"], 1.0)
+        assert time.monotonic() - start < 1.0
+        assert await pub.wait_synced()
+        assert generations(server) == {2} and server.writes() == writes + 1
+
+        pub.set_devices(NV, gpus(4))  # added
+        await eventually(lambda: len(stored_devices(server)) == 4, 1.0)
+        assert await pub.wait_synced()
+        assert generations(server) == {3} and server.writes() == writes + 2
+
+        pub.set_devices(NV, gpus(4, unhealthy=(1,)))  # health changed
+        await eventually(lambda: generations(server) == {4}, 1.0)
+        await pub.stop()
+        check_sent(api)
+
+    scenario(server, body)
+
+
+def test_thousand_devices_split(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(1000))
+        await pub.start()
+        assert await pub.wait_synced()
+        await pub.stop()
+
+    scenario(server, body)
+    slices = pools(server)
+    assert len(slices) == 8
+    assert all(len(s["spec"]["devices"]) <= 128 for s in slices)
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {8}
+    assert len(stored_devices(server)) == 1000
+
+
+def test_taints_limit_per_slice(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(200, unhealthy=(5, 150)))
+        await pub.start()
+        assert await pub.wait_synced()
+        await pub.stop()
+        check_sent(api)
+
+    scenario(server, body)
+    slices = pools(server)
+    assert len(slices) == 4 and all(len(s["spec"]["devices"]) <= 64 for s in slices)
+
+
+def test_external_delete_and_edit_restored(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(2))
+        await pub.start()
+        assert await pub.wait_synced()
+
+        server.delete_all_slices(NODE)  # what the kubelet does when it starts
+        await eventually(lambda: stored_devices(server) == ["gpu-0", "gpu-1"], 3.0)
+
+        name = pools(server)[0]["metadata"]["name"]
+
+        def vandalise(obj: Obj) -> None:
+            obj["spec"]["devices"] = obj["spec"]["devices"][:1]
+
+        server.edit_slice(name, vandalise)
+        await eventually(lambda: stored_devices(server) == ["gpu-0", "gpu-1"], 3.0)
+        assert await pub.wait_synced()
+        await pub.stop()
+
+    scenario(server, body)
+    assert len(pools(server)) == 1
+
+
+def test_conflict_converges(server: FakeAPIServer) -> None:
+    state = {"armed": False}
+
+    def race(method: str, path: str) -> None:
+        # Someone else updates the slice between our read and our write: a 409 follows.
+        if state["armed"] and method == "PUT":
+            state["armed"] = False
+            name = path.rsplit("/", 1)[-1]
+            server.edit_slice(name, lambda o: o["metadata"]["labels"].update(other="x"))
+
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(2))
+        await pub.start()
+        assert await pub.wait_synced()
+        server.before_write = race
+        state["armed"] = True
+        pub.set_devices(NV, gpus(3))
+        await eventually(lambda: len(stored_devices(server)) == 3, 3.0)
+        assert await pub.wait_synced()
+        assert pub.stats.conflicts >= 1
+        await pub.stop()
+
+    scenario(server, body)
+    assert generations(server) == {2}
+
+
+def test_api_down_then_back(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(1))
+        await pub.start()
+        assert await pub.wait_synced()
+
+        server.down()  # connection refused
+        pub.set_devices(NV, gpus(2))
+        await asyncio.sleep(0.5)
+        assert pub.stats.errors >= 1 and pub.stats.last_error
+        server.up()
+        await eventually(lambda: len(stored_devices(server)) == 2, 5.0)
+
+        server.fail(503)  # answering, but only with errors
+        pub.set_devices(NV, gpus(3))
+        await asyncio.sleep(0.3)
+        server.recover()
+        await eventually(lambda: len(stored_devices(server)) == 3, 5.0)
+        assert await pub.wait_synced()
+        await pub.stop()
+
+    scenario(server, body)
+
+
+def test_start_while_api_down_does_not_raise(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        server.fail(503, seconds=0.5)
+        pub = publisher(api)
+        pub.set_devices(NV, gpus(1))
+        await pub.start()  # must not raise
+        await eventually(lambda: len(stored_devices(server)) == 1, 5.0)
+        await pub.stop()
+
+    scenario(server, body)
+
+
+def test_v1beta1_only_server() -> None:
+    with FakeAPIServer(versions=("v1beta1",)) as srv:
+        srv.add_node(NODE)
+
+        async def body(api: RecordingAPI) -> None:
+            pub = publisher(api)
+            pub.set_devices(NV, gpus(2, unhealthy=(1,)))
+            await pub.start()
+            assert await pub.wait_synced()
+            await pub.stop()
+            assert all(o["apiVersion"] == "resource.k8s.io/v1beta1" for o in api.sent)
+            assert all("basic" in d for o in api.sent for d in o["spec"]["devices"])
+            check_sent(api, "v1beta1")
+
+            # Restart over the v1beta1 slices: still nothing to write.
+            before = srv.writes()
+            again = publisher(api)
+            again.set_devices(NV, gpus(2, unhealthy=(1,)))
+            await again.start()
+            assert await again.wait_synced()
+            await again.stop()
+            assert srv.writes() == before
+
+        scenario(srv, body)
+        assert stored_devices(srv) == ["gpu-0", "gpu-1"]
