@@ -1,0 +1,109 @@
+{{/* Chart name, overridable. */}}
+{{- define "dra-plugin.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name prefix of every object. */}}
+{{- define "dra-plugin.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "dra-plugin.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "dra-plugin.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "dra-plugin.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "dra-plugin.labels" -}}
+helm.sh/chart: {{ include "dra-plugin.chart" . }}
+{{ include "dra-plugin.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "dra-plugin.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "dra-plugin.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "dra-plugin.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Comma list of the enabled vendors, as the VENDORS variable wants it. */}}
+{{- define "dra-plugin.vendors" -}}
+{{- $v := list }}
+{{- if .Values.intel.enabled }}{{ $v = append $v "intel" }}{{ end }}
+{{- if .Values.nvidia.enabled }}{{ $v = append $v "nvidia" }}{{ end }}
+{{- join "," $v }}
+{{- end }}
+
+{{/* "true" when the container runs privileged (see values.yaml securityContext). */}}
+{{- define "dra-plugin.privileged" -}}
+{{- $p := .Values.securityContext.privileged }}
+{{- if eq (toString $p) "auto" }}
+{{- ternary "true" "false" (.Values.nvidia.enabled | default false) }}
+{{- else }}
+{{- ternary "true" "false" (eq (toString $p) "true") }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the host's / is mounted at /host (see values.yaml hostRoot). */}}
+{{- define "dra-plugin.hostRoot" -}}
+{{- $m := toString .Values.hostRoot.mount }}
+{{- if eq $m "auto" }}
+{{- $nvidiaSlash := and .Values.nvidia.enabled (eq .Values.nvidia.driverRoot "/") }}
+{{- ternary "true" "false" (or (eq (include "dra-plugin.privileged" .) "true") $nvidiaSlash) }}
+{{- else }}
+{{- ternary "true" "false" (eq $m "true") }}
+{{- end }}
+{{- end }}
+
+{{/* NVIDIA_DRIVER_ROOT as the container sees it; empty when NVIDIA has no driver root. */}}
+{{- define "dra-plugin.nvidiaDriverRoot" -}}
+{{- if and .Values.nvidia.enabled .Values.nvidia.driverRoot }}
+{{- if eq (clean .Values.nvidia.driverRoot) "/" }}/host{{ else }}{{ clean .Values.nvidia.driverRoot }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/* NVIDIA toolkit CDI dirs, cleaned and without repeats (the NVIDIA_TOOLKIT_CDI_DIRS value). */}}
+{{- define "dra-plugin.toolkitCdiDirs" -}}
+{{- $out := list }}
+{{- range .Values.nvidia.toolkitCdiDirs }}
+{{- if not (has (clean .) $out) }}
+{{- $out = append $out (clean .) }}
+{{- end }}
+{{- end }}
+{{- join "," $out }}
+{{- end }}
+
+{{/* Refuse value combinations the plugin would reject at start. */}}
+{{- define "dra-plugin.validate" -}}
+{{- if not (or .Values.intel.enabled .Values.nvidia.enabled) }}
+{{- fail "enable at least one vendor: intel.enabled or nvidia.enabled" }}
+{{- end }}
+{{- if and .Values.intel.enabled .Values.nvidia.enabled (eq .Values.intel.driverName .Values.nvidia.driverName) }}
+{{- fail "intel.driverName and nvidia.driverName must differ" }}
+{{- end }}
+{{- if and .Values.nvidia.enabled (eq (clean .Values.nvidia.driverRoot) "/") (ne (include "dra-plugin.hostRoot" .) "true") }}
+{{- fail "nvidia.driverRoot \"/\" is read through the host root: hostRoot.mount must not be false" }}
+{{- end }}
+{{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
+{{- fail "shutdownGraceSeconds must be below terminationGracePeriodSeconds" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,170 @@
+"""The chart and the plugin's configuration agree: env names, paths, mounts, RBAC."""
+
+from __future__ import annotations
+
+from pathlib import PurePath, PurePosixPath
+from typing import Any
+
+from dra_plugin import config
+
+from .rendering import Manifest, chart_values, only
+
+NODE = "mini-1"
+POD_UID = "0b6a3c1e-5f0e-4d5b-9a43-2f1e8d7c6b5a"
+
+
+def _pod(rendered: list[Manifest]) -> dict[str, Any]:
+    return only(rendered, "DaemonSet")["spec"]["template"]["spec"]  # type: ignore[no-any-return]
+
+
+def _env(rendered: list[Manifest]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it on node NODE."""
+    (container,) = _pod(rendered)["containers"]
+    downward = {"spec.nodeName": NODE, "metadata.uid": POD_UID}
+    env = {}
+    for e in container["env"]:
+        if "valueFrom" in e:
+            env[e["name"]] = downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            env[e["name"]] = e["value"]
+    return env
+
+
+def _mounts(rendered: list[Manifest]) -> dict[str, tuple[str | None, bool]]:
+    """Container mount path -> (host path or None for non-hostPath volumes, read-only)."""
+    pod = _pod(rendered)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (container,) = pod["containers"]
+    out = {}
+    for m in container["volumeMounts"]:
+        assert m["mountPath"] not in out, f"{m['mountPath']} is mounted twice"
+        host = volumes[m["name"]].get("hostPath", {}).get("path")
+        out[m["mountPath"]] = (host, bool(m.get("readOnly", False)))
+    return out
+
+
+def _covering_mount(
+    path: PurePath, mounts: dict[str, tuple[str | None, bool]]
+) -> tuple[str, str | None, bool]:
+    """The deepest mount containing path."""
+    best = max((m for m in mounts if path.is_relative_to(m)), key=len, default=None)
+    assert best is not None, f"{path} is on no volume"
+    return (best, *mounts[best])
+
+
+def test_every_env_var_is_a_config_option(rendered: list[Manifest]) -> None:
+    known = set(config.all_options().values())
+    unknown = set(_env(rendered)) - known
+    assert not unknown, f"the chart sets variables the plugin does not read: {unknown}"
+
+
+def test_the_plugin_accepts_the_chart_environment(
+    value_set: str | None, rendered: list[Manifest]
+) -> None:
+    values = chart_values(value_set)
+    cfg = config.parse(["run"], env=_env(rendered))
+    assert cfg.node_name == NODE
+    assert cfg.pod_uid == POD_UID
+    enabled = tuple(v for v in ("intel", "nvidia") if values[v]["enabled"])
+    assert cfg.vendors == enabled
+    assert cfg.drivers == {v: values[v]["driverName"] for v in enabled}
+    assert cfg.metrics_port == values["metrics"]["port"]
+    assert cfg.log_level == values["logging"]["level"]
+    assert cfg.log_format == values["logging"]["format"]
+    assert cfg.taint_effect == values["health"]["taintEffect"]
+    assert cfg.cdi_max_version == values["cdi"]["maxVersion"]
+    assert cfg.shutdown_grace_seconds == values["shutdownGraceSeconds"]
+    if "nvidia" in enabled:
+        assert cfg.nvidia_cdi_strategy == values["nvidia"]["cdiStrategy"]
+
+
+def test_host_facing_paths_are_mounted_at_their_host_paths(rendered: list[Manifest]) -> None:
+    """Sockets the kubelet dials and CDI specs the runtime reads must have the same path
+    inside the container as on the host."""
+    cfg = config.parse(["run"], env=_env(rendered))
+    mounts = _mounts(rendered)
+    for directory in (cfg.registrar_dir, cfg.plugins_dir, cfg.cdi_root):
+        host, read_only = mounts[str(directory)]
+        assert host == str(directory)
+        assert not read_only, f"{directory} must be writable"
+    for driver in cfg.drivers.values():
+        for sock in (cfg.registration_socket(driver), cfg.dra_socket(driver)):
+            mount, host, read_only = _covering_mount(sock, mounts)
+            assert host == mount and not read_only, sock
+            assert POD_UID in sock.name  # rolling-update socket names
+        checkpoint_dir = cfg.plugin_dir(driver)
+        mount, host, _ = _covering_mount(checkpoint_dir, mounts)
+        assert mount == str(cfg.plugins_dir) and host == mount
+
+
+def test_discovery_and_driver_mounts(value_set: str | None, rendered: list[Manifest]) -> None:
+    values = chart_values(value_set)
+    cfg = config.parse(["run"], env=_env(rendered))
+    mounts = _mounts(rendered)
+    assert mounts["/sys"] == ("/sys", True)
+    assert mounts["/dev"] == ("/dev", True)
+    assert mounts["/run/udev"] == ("/run/udev", True)
+    assert mounts["/tmp"] == (None, False)  # writable scratch on a read-only root
+    if "nvidia" in cfg.vendors:
+        for directory in cfg.nvidia_toolkit_cdi_dirs:
+            mount, host, _ = _covering_mount(directory, mounts)
+            assert mount == host == str(directory)
+        expected = {str(PurePosixPath(d)) for d in values["nvidia"]["toolkitCdiDirs"]}
+        assert {str(d) for d in cfg.nvidia_toolkit_cdi_dirs} == expected
+        root = values["nvidia"]["driverRoot"]
+        if root == "/":
+            # Read through the host root; the plugin sees the host's / at HOST_ROOT.
+            assert cfg.nvidia_driver_root == cfg.host_root
+        elif root:
+            # Mounted at its host path, so CDI specs name host paths.
+            assert mounts[str(cfg.nvidia_driver_root)] == (root, True)
+            assert str(cfg.nvidia_driver_root) == root
+        else:
+            assert "NVIDIA_DRIVER_ROOT" not in _env(rendered)
+    host_root = values["hostRoot"]["mount"]
+    if host_root == "auto":
+        (container,) = _pod(rendered)["containers"]
+        privileged = container["securityContext"]["privileged"]
+        host_root = privileged or (
+            "nvidia" in cfg.vendors and values["nvidia"]["driverRoot"] == "/"
+        )
+    if host_root:
+        assert mounts[str(cfg.host_root)] == ("/", True)
+    else:
+        assert "HOST_ROOT" not in _env(rendered)
+
+
+def test_rbac_is_exactly_what_the_plugin_needs(rendered: list[Manifest]) -> None:
+    role = only(rendered, "ClusterRole")
+    rules = sorted(
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+        for r in role["rules"]
+    )
+    assert rules == sorted(
+        [
+            (("",), ("nodes",), ("get",)),
+            (("resource.k8s.io",), ("resourceclaims",), ("get",)),
+            (
+                ("resource.k8s.io",),
+                ("resourceslices",),
+                tuple(sorted(["get", "list", "watch", "create", "update", "patch", "delete"])),
+            ),
+        ]
+    )
+    assert all(set(r) == {"apiGroups", "resources", "verbs"} for r in role["rules"])
+    binding = only(rendered, "ClusterRoleBinding")
+    sa = only(rendered, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": sa["metadata"]["name"],
+            "namespace": sa["metadata"]["namespace"],
+        }
+    ]
+    # No Role, RoleBinding or second ClusterRole sneaks in more rights.
+    assert not [m for m in rendered if m["kind"] in ("Role", "RoleBinding")]

