@@ -1,0 +1,591 @@
+/*
+ * fake_nvml.c: a small stand-in for libnvidia-ml.so.1, loaded by the real pynvml
+ * ctypes bindings in the tests.
+ *
+ * It exports only the NVML symbols dra_plugin/nvml.py reaches through pynvml, with
+ * the struct layouts pynvml declares (nvmlPciInfo_t, nvmlMemory_t, nvmlEventData_t,
+ * nvmlGpuInstanceInfo_t).
+ *
+ * FAKE_NVML_PROFILE names a profile file, read at every first nvmlInit (refcount 0->1):
+ *
+ *     # comment
+ *     driver_version = 535.104.05
+ *     cuda_driver_version = 12020
+ *     init_error = 9                  (optional: nvmlInit returns this NVML code)
+ *     [gpu]
+ *     name = NVIDIA H200
+ *     uuid = GPU-...
+ *     minor = 0
+ *     brand = 2                       (NVML_BRAND_*)
+ *     architecture = 9                (NVML_DEVICE_ARCH_*)
+ *     cuda_cc = 9.0
+ *     memory_total = 150754820096
+ *     pci_bus_id = 00000000:1B:00.0
+ *     pcie_link = 5 16 5 16           (current gen, current width, max gen, max width;
+ *                                      a 0 means "not supported")
+ *     mig_mode = 1                    (absent: MIG not supported)
+ *     supported_events = 0xb
+ *     [mig]                           (belongs to the [gpu] above it)
+ *     name = NVIDIA H200 MIG 1g.18gb
+ *     uuid = MIG-...
+ *     gpu_instance_id = 9
+ *     compute_instance_id = 0
+ *     profile_id = 19
+ *     placement = 6 1
+ *     memory_total = 17716740096
+ *
+ * FAKE_NVML_EVENTS names a file the test appends lines to; nvmlEventSetWait_v2 reads
+ * the next complete line (each event set keeps its own offset):
+ *     xid <gpu index> <code> [<gi> <ci>]   an XID event (gi/ci default: whole GPU)
+ *     ecc <gpu index>                      a double-bit ECC event
+ *     lost <gpu index>                     the GPU is lost: the wait returns
+ *                                          NVML_ERROR_GPU_IS_LOST, device calls fail
+ *     fail <gpu index>                     device calls start failing (NVML_ERROR_UNKNOWN)
+ *     recover <gpu index>                  the GPU answers again
+ */
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int nvmlReturn_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+#define EVENT_SBE 0x1ULL
+#define EVENT_DBE 0x2ULL
+#define EVENT_XID 0x8ULL
+#define FULL_INSTANCE 0xFFFFFFFFu
+#define MAX_GPUS 16
+#define MAX_MIGS 64
+#define MAX_MIG_PER_GPU 7
+#define TEXT 96
+
+typedef struct {
+    int is_mig;
+    int gpu; /* own index for GPUs, parent index for MIG devices */
+    char name[TEXT];
+    char uuid[TEXT];
+    unsigned minor, brand, arch, cc_major, cc_minor;
+    unsigned long long memory;
+    char bus_id[32];
+    unsigned domain, bus, device, function;
+    unsigned pci_device_id, pci_subsystem_id;
+    unsigned link[4];
+    int mig_mode; /* -1: not supported */
+    unsigned long long supported_events;
+    unsigned gi, ci, profile_id, placement_start, placement_size;
+    volatile int lost, failing;
+} fake_dev;
+
+/* Layouts as pynvml declares them. */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+typedef struct {
+    unsigned long long total, free, used;
+} nvmlMemory_t;
+typedef struct {
+    unsigned version;
+    unsigned long long total, reserved, free, used;
+} nvmlMemory_v2_t;
+typedef struct {
+    void *device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+typedef struct {
+    void *device;
+    unsigned id, profileId;
+    unsigned start, size;
+} nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned long long mask[MAX_GPUS];
+    long offset;
+} fake_event_set;
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_refcount;
+static int g_init_error;
+static char g_driver_version[80];
+static int g_cuda_version;
+static fake_dev g_gpus[MAX_GPUS];
+static int g_ngpus;
+static fake_dev g_migs[MAX_MIGS];
+static int g_nmigs;
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *end = s + strlen(s);
+    while (end > s && isspace((unsigned char)end[-1])) *--end = '\0';
+    return s;
+}
+
+static void copy_text(char *dst, size_t size, const char *src) {
+    snprintf(dst, size, "%s", src);
+}
+
+static unsigned long long number(const char *s) { return strtoull(s, NULL, 0); }
+
+static void new_device(fake_dev *d, int is_mig, int gpu) {
+    memset(d, 0, sizeof(*d));
+    d->is_mig = is_mig;
+    d->gpu = gpu;
+    d->mig_mode = -1;
+    d->arch = 0xffffffffu;
+    d->supported_events = EVENT_SBE | EVENT_DBE | EVENT_XID;
+    d->gi = d->ci = FULL_INSTANCE;
+}
+
+static void set_key(fake_dev *d, const char *key, const char *val) {
+    if (!strcmp(key, "name")) copy_text(d->name, sizeof d->name, val);
+    else if (!strcmp(key, "uuid")) copy_text(d->uuid, sizeof d->uuid, val);
+    else if (!strcmp(key, "minor")) d->minor = (unsigned)number(val);
+    else if (!strcmp(key, "brand")) d->brand = (unsigned)number(val);
+    else if (!strcmp(key, "architecture")) d->arch = (unsigned)number(val);
+    else if (!strcmp(key, "cuda_cc")) sscanf(val, "%u.%u", &d->cc_major, &d->cc_minor);
+    else if (!strcmp(key, "memory_total")) d->memory = number(val);
+    else if (!strcmp(key, "pci_bus_id")) {
+        copy_text(d->bus_id, sizeof d->bus_id, val);
+        sscanf(val, "%x:%x:%x.%x", &d->domain, &d->bus, &d->device, &d->function);
+    } else if (!strcmp(key, "pci_device_id")) d->pci_device_id = (unsigned)number(val);
+    else if (!strcmp(key, "pci_subsystem_id")) d->pci_subsystem_id = (unsigned)number(val);
+    else if (!strcmp(key, "pcie_link"))
+        sscanf(val, "%u %u %u %u", &d->link[0], &d->link[1], &d->link[2], &d->link[3]);
+    else if (!strcmp(key, "mig_mode")) d->mig_mode = (int)number(val);
+    else if (!strcmp(key, "supported_events")) d->supported_events = number(val);
+    else if (!strcmp(key, "gpu_instance_id")) d->gi = (unsigned)number(val);
+    else if (!strcmp(key, "compute_instance_id")) d->ci = (unsigned)number(val);
+    else if (!strcmp(key, "profile_id")) d->profile_id = (unsigned)number(val);
+    else if (!strcmp(key, "placement"))
+        sscanf(val, "%u %u", &d->placement_start, &d->placement_size);
+    else fprintf(stderr, "fake_nvml: unknown device key %s\n", key);
+}
+
+/* Returns 0, or an NVML error code for nvmlInit. */
+static int load_profile(void) {
+    const char *path = getenv("FAKE_NVML_PROFILE");
+    g_ngpus = g_nmigs = 0;
+    g_init_error = 0;
+    g_cuda_version = 0;
+    g_driver_version[0] = '\0';
+    if (!path || !*path) {
+        fprintf(stderr, "fake_nvml: FAKE_NVML_PROFILE is not set\n");
+        return NVML_ERROR_UNKNOWN;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "fake_nvml: cannot open profile %s\n", path);
+        return NVML_ERROR_UNKNOWN;
+    }
+    char buf[512];
+    fake_dev *cur = NULL;
+    while (fgets(buf, sizeof buf, f)) {
+        char *line = trim(buf);
+        if (!*line || *line == '#') continue;
+        if (!strcmp(line, "[gpu]")) {
+            cur = g_ngpus < MAX_GPUS ? &g_gpus[g_ngpus] : NULL;
+            if (cur) new_device(cur, 0, g_ngpus++);
+            continue;
+        }
+        if (!strcmp(line, "[mig]")) {
+            cur = (g_ngpus > 0 && g_nmigs < MAX_MIGS) ? &g_migs[g_nmigs] : NULL;
+            if (cur) new_device(cur, 1, g_ngpus - 1), g_nmigs++;
+            continue;
+        }
+        char *eq = strchr(line, '=');
+        if (!eq) {
+            fprintf(stderr, "fake_nvml: ignoring profile line: %s\n", line);
+            continue;
+        }
+        *eq = '\0';
+        char *key = trim(line), *val = trim(eq + 1);
+        if (cur) set_key(cur, key, val);
+        else if (!strcmp(key, "driver_version"))
+            copy_text(g_driver_version, sizeof g_driver_version, val);
+        else if (!strcmp(key, "cuda_driver_version")) g_cuda_version = (int)number(val);
+        else if (!strcmp(key, "init_error")) g_init_error = (int)number(val);
+        else fprintf(stderr, "fake_nvml: unknown key %s\n", key);
+    }
+    fclose(f);
+    return g_init_error;
+}
+
+/* ---- init / errors ------------------------------------------------------------ */
+
+nvmlReturn_t nvmlInitWithFlags(unsigned flags) {
+    (void)flags;
+    pthread_mutex_lock(&g_lock);
+    int ret = NVML_SUCCESS;
+    if (g_refcount == 0) ret = load_profile();
+    if (ret == NVML_SUCCESS) g_refcount++;
+    pthread_mutex_unlock(&g_lock);
+    return ret;
+}
+nvmlReturn_t nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+nvmlReturn_t nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+nvmlReturn_t nvmlShutdown(void) {
+    pthread_mutex_lock(&g_lock);
+    int ret = g_refcount > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (g_refcount > 0) g_refcount--;
+    pthread_mutex_unlock(&g_lock);
+    return ret;
+}
+
+const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
+    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static fake_dev *as_dev(void *h) {
+    fake_dev *d = h;
+    if (d >= g_gpus && d < g_gpus + g_ngpus) return d;
+    if (d >= g_migs && d < g_migs + g_nmigs) return d;
+    return NULL;
+}
+
+/* Common checks for a device call: initialised, a valid handle, a GPU that answers. */
+static nvmlReturn_t check(void *h, fake_dev **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *d = as_dev(h);
+    if (!d) return NVML_ERROR_INVALID_ARGUMENT;
+    fake_dev *gpu = &g_gpus[d->gpu];
+    if (gpu->lost) return NVML_ERROR_GPU_IS_LOST;
+    if (gpu->failing) return NVML_ERROR_UNKNOWN;
+    *out = d;
+    return NVML_SUCCESS;
+}
+
+#define CHECK(h, d)                                  \
+    fake_dev *d;                                     \
+    do {                                             \
+        nvmlReturn_t r_ = check((h), &d);            \
+        if (r_ != NVML_SUCCESS) return r_;           \
+    } while (0)
+
+static nvmlReturn_t copy_out(char *dst, unsigned len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, src);
+    return NVML_SUCCESS;
+}
+
+/* ---- system ------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned len) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    return copy_out(version, len, g_driver_version);
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    *v = g_cuda_version;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+/* ---- device enumeration ------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    *count = (unsigned)g_ngpus;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCount(unsigned *count) { return nvmlDeviceGetCount_v2(count); }
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, void **handle) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    if (index >= (unsigned)g_ngpus) return NVML_ERROR_INVALID_ARGUMENT;
+    *handle = &g_gpus[index];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned index, void **handle) {
+    return nvmlDeviceGetHandleByIndex_v2(index, handle);
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, void **handle) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    for (int i = 0; i < g_ngpus; i++) {
+        if (!strcmp(g_gpus[i].uuid, uuid)) {
+            if (g_gpus[i].lost) return NVML_ERROR_GPU_IS_LOST;
+            *handle = &g_gpus[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+/* ---- device properties ---------------------------------------------------------- */
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(void *h, unsigned *minor) {
+    CHECK(h, d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *minor = d->minor;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetUUID(void *h, char *uuid, unsigned len) {
+    CHECK(h, d);
+    return copy_out(uuid, len, d->uuid);
+}
+nvmlReturn_t nvmlDeviceGetName(void *h, char *name, unsigned len) {
+    CHECK(h, d);
+    return copy_out(name, len, d->name);
+}
+nvmlReturn_t nvmlDeviceGetBrand(void *h, int *brand) {
+    CHECK(h, d);
+    *brand = (int)g_gpus[d->gpu].brand;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetArchitecture(void *h, unsigned *arch) {
+    CHECK(h, d);
+    *arch = g_gpus[d->gpu].arch;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor) {
+    CHECK(h, d);
+    *major = (int)g_gpus[d->gpu].cc_major;
+    *minor = (int)g_gpus[d->gpu].cc_minor;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, nvmlMemory_t *m) {
+    CHECK(h, d);
+    m->total = d->memory;
+    m->used = d->memory / 100;
+    m->free = d->memory - m->used;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *h, nvmlMemory_v2_t *m) {
+    CHECK(h, d);
+    if (m->version != 0x02000028u) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    m->total = d->memory;
+    m->reserved = d->memory / 200;
+    m->used = d->memory / 100;
+    m->free = d->memory - m->used - m->reserved;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(void *h, nvmlPciInfo_t *p) {
+    CHECK(h, d);
+    fake_dev *gpu = &g_gpus[d->gpu];
+    memset(p, 0, sizeof(*p));
+    /* busIdLegacy is the short form NVML used before v9 ("0000:1B:00.0"). */
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%04X:%02X:%02X.%X", gpu->domain & 0xffff,
+             gpu->bus, gpu->device, gpu->function);
+    copy_text(p->busId, sizeof p->busId, gpu->bus_id);
+    p->domain = gpu->domain;
+    p->bus = gpu->bus;
+    p->device = gpu->device;
+    p->pciDeviceId = gpu->pci_device_id;
+    p->pciSubSystemId = gpu->pci_subsystem_id;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v2(void *h, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(h, p); }
+nvmlReturn_t nvmlDeviceGetPciInfo(void *h, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(h, p); }
+
+static nvmlReturn_t link_value(void *h, int which, unsigned *out) {
+    CHECK(h, d);
+    if (d->is_mig || d->link[which] == 0) return NVML_ERROR_NOT_SUPPORTED;
+    *out = d->link[which];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *v) { return link_value(h, 0, v); }
+nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *v) { return link_value(h, 1, v); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *v) { return link_value(h, 2, v); }
+nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *v) { return link_value(h, 3, v); }
+
+/* ---- MIG ------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending) {
+    CHECK(h, d);
+    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = (unsigned)d->mig_mode;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *count) {
+    CHECK(h, d);
+    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = MAX_MIG_PER_GPU;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned index, void **mig) {
+    CHECK(h, d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (index >= MAX_MIG_PER_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned seen = 0;
+    for (int i = 0; i < g_nmigs; i++) {
+        if (g_migs[i].gpu != d->gpu) continue;
+        if (seen++ == index) {
+            *mig = &g_migs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlDeviceIsMigDeviceHandle(void *h, unsigned *is_mig) {
+    CHECK(h, d);
+    *is_mig = (unsigned)d->is_mig;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *h, void **parent) {
+    CHECK(h, d);
+    if (!d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *parent = &g_gpus[d->gpu];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *h, unsigned *id) {
+    CHECK(h, d);
+    if (!d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->gi;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *h, unsigned *id) {
+    CHECK(h, d);
+    if (!d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->ci;
+    return NVML_SUCCESS;
+}
+/* A GPU instance handle is the first MIG device of that instance (opaque to callers). */
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **gi) {
+    CHECK(h, d);
+    if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < g_nmigs; i++) {
+        if (g_migs[i].gpu == d->gpu && g_migs[i].gi == id) {
+            *gi = &g_migs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+nvmlReturn_t nvmlGpuInstanceGetInfo(void *gi, nvmlGpuInstanceInfo_t *info) {
+    CHECK(gi, d);
+    if (!d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    info->device = &g_gpus[d->gpu];
+    info->id = d->gi;
+    info->profileId = d->profile_id;
+    info->start = d->placement_start;
+    info->size = d->placement_size;
+    return NVML_SUCCESS;
+}
+
+/* ---- events --------------------------------------------------------------------- */
+
+nvmlReturn_t nvmlEventSetCreate(fake_event_set **set) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    *set = calloc(1, sizeof(fake_event_set));
+    return *set ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+nvmlReturn_t nvmlEventSetFree(fake_event_set *set) {
+    free(set);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(void *h, unsigned long long *types) {
+    CHECK(h, d);
+    if (d->is_mig) return NVML_ERROR_NOT_SUPPORTED;
+    *types = d->supported_events;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(void *h, unsigned long long types, fake_event_set *set) {
+    CHECK(h, d);
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || (types & ~d->supported_events)) return NVML_ERROR_NOT_SUPPORTED;
+    set->mask[d->gpu] |= types;
+    return NVML_SUCCESS;
+}
+
+/* Interprets one event line. Returns NVML_SUCCESS with *data filled for an event,
+ * NVML_ERROR_GPU_IS_LOST for "lost", or NVML_ERROR_NOT_FOUND when the line produced
+ * no event (state change, unregistered type, junk). */
+static nvmlReturn_t apply_line(fake_event_set *set, const char *line, nvmlEventData_t *data) {
+    char verb[16] = "";
+    int index = -1;
+    unsigned long long code = 0;
+    unsigned gi = FULL_INSTANCE, ci = FULL_INSTANCE;
+    int n = sscanf(line, "%15s %d %llu %u %u", verb, &index, &code, &gi, &ci);
+    if (n < 2 || index < 0 || index >= g_ngpus) {
+        fprintf(stderr, "fake_nvml: ignoring event line: %s", line);
+        return NVML_ERROR_NOT_FOUND;
+    }
+    fake_dev *gpu = &g_gpus[index];
+    if (!strcmp(verb, "lost")) {
+        gpu->lost = 1;
+        return NVML_ERROR_GPU_IS_LOST;
+    }
+    if (!strcmp(verb, "fail")) {
+        gpu->failing = 1;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!strcmp(verb, "recover")) {
+        gpu->lost = gpu->failing = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    unsigned long long type = !strcmp(verb, "xid") ? EVENT_XID : !strcmp(verb, "ecc") ? EVENT_DBE : 0;
+    if (!type || !(set->mask[index] & type)) return NVML_ERROR_NOT_FOUND;
+    data->device = gpu;
+    data->eventType = type;
+    data->eventData = type == EVENT_XID ? code : 0;
+    data->gpuInstanceId = gi;
+    data->computeInstanceId = ci;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(fake_event_set *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    struct timespec start, now, nap = {0, 5 * 1000 * 1000};
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        FILE *f = path && *path ? fopen(path, "r") : NULL;
+        if (f) {
+            char line[256];
+            nvmlReturn_t ret = NVML_ERROR_NOT_FOUND;
+            if (fseek(f, set->offset, SEEK_SET) == 0) {
+                while (ret == NVML_ERROR_NOT_FOUND && fgets(line, sizeof line, f)) {
+                    size_t len = strlen(line);
+                    if (len == 0 || line[len - 1] != '\n') break; /* half-written line */
+                    set->offset += (long)len;
+                    ret = apply_line(set, line, data);
+                }
+            }
+            fclose(f);
+            if (ret != NVML_ERROR_NOT_FOUND) return ret;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+        if (elapsed_ms >= (long)timeout_ms) return NVML_ERROR_TIMEOUT;
+        nanosleep(&nap, NULL);
+    }
+}
