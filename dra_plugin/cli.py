@@ -103,8 +103,18 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 
 def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     from dra_plugin import doctor
+    from dra_plugin.kubeapi import ApiError, KubeAPI
 
-    report = doctor.run_doctor(cfg)
+    api: KubeAPI | None
+    try:
+        api = KubeAPI.from_config(cfg)
+    except ApiError:
+        api = None  # doctor says the API was not checked, and why
+    try:
+        report = doctor.run_doctor(cfg, api=api)
+    finally:
+        if api is not None:
+            asyncio.run(api.close())
     out.write(doctor.render_json(report) if cfg.output == "json" else doctor.render_table(report))
     return doctor.exit_code(report)
 

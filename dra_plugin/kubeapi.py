@@ -239,8 +239,8 @@ class KubeAPI:
 
     @classmethod
     def from_config(cls, cfg: Config, *, timeouts: Timeouts | None = None) -> KubeAPI:
-        """--kubeconfig / KUBECONFIG when given, else the pod's service account."""
-        path = cfg.kubeconfig or os.environ.get("KUBECONFIG", "")
+        """--kubeconfig / KUBECONFIG (read by config) when given, else the service account."""
+        path = cfg.kubeconfig
         if path:
             # KUBECONFIG may be a list of files; the first is the one we read.
             return cls.from_kubeconfig(path.split(os.pathsep)[0], timeouts=timeouts)

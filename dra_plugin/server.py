@@ -107,7 +107,11 @@ class _ProtoModule(Protocol):
 
 
 class _DRAServicer:
-    """Shared body of the v1 and v1beta1 services; only the messages differ."""
+    """Serves both DRA versions: their messages differ only in v1's share_id.
+
+    The generated servicer base classes are not subclassed: they only add
+    UNIMPLEMENTED defaults, and the registration helpers need just these methods.
+    """
 
     def __init__(self, handler: ClaimHandler, pb: _ProtoModule, version: str) -> None:
         self._handler = handler
@@ -154,14 +158,6 @@ class _DRAServicer:
         return await _timed(f"{self._version}/NodeUnprepareResources", call)
 
 
-class _V1Servicer(_DRAServicer, dra_v1_pb2_grpc.DRAPluginServicer):
-    pass
-
-
-class _V1beta1Servicer(_DRAServicer, dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    pass
-
-
 _HEALTH_ENUM = {
     "Healthy": health_v1alpha1_pb2.HEALTHY,
     "Unhealthy": health_v1alpha1_pb2.UNHEALTHY,
@@ -184,7 +180,7 @@ def health_response(
     return resp
 
 
-class _HealthServicer(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
+class _HealthServicer:
     def __init__(self, tracker: HealthTracker, driver: str, timeout_seconds: int) -> None:
         self._tracker = tracker
         self._driver = driver
@@ -200,7 +196,7 @@ class _HealthServicer(health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
             yield health_response(states, self._timeout)
 
 
-class _RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
+class _RegistrationServicer:
     def __init__(self, driver: str, endpoint: str, versions: Sequence[str]) -> None:
         self._driver = driver
         self._endpoint = endpoint
@@ -268,10 +264,10 @@ class DriverServer:
     async def start(self) -> None:
         dra = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _V1Servicer(self._handler, dra_v1_pb2, "v1"), dra
+            _DRAServicer(self._handler, dra_v1_pb2, "v1"), dra
         )
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _V1beta1Servicer(self._handler, dra_v1beta1_pb2, "v1beta1"), dra
+            _DRAServicer(self._handler, dra_v1beta1_pb2, "v1beta1"), dra
         )
         if self._health is not None:
             health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(

@@ -468,6 +468,9 @@ class FakeAPIServer:
         # Test hook: called as before_write(method, path) before a write is handled
         # (e.g. to change the object underneath a client and provoke a 409).
         self.before_write: Callable[[str, str], None] | None = None
+        # Seconds to wait before answering a claim GET (a slow API server, for tests that
+        # need a prepare call in flight).
+        self.claim_delay = 0.0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -898,6 +901,8 @@ class _Handler(BaseHTTPRequestHandler):
         if m := _CLAIMS_RE.match(path):
             version, ns, name = m.group(1), m.group(2), m.group(3)
             self._served(version)
+            if st.claim_delay and method == "GET":
+                time.sleep(st.claim_delay)
             return self._claims(method, version, ns, name, body)
         if m := _NODES_RE.match(path):
             return self._nodes(method, m.group(1), body)
