@@ -1,0 +1,215 @@
+"""A whole simulated node around the real daemon, for integration tests, the demo and bench.
+
+- the fake API server (in this process, over HTTP on 127.0.0.1), with a kubeconfig;
+- a simulated udev node (umockdev) and the NVML stand-in library;
+- the real `dra-plugin run` as a subprocess (so SIGTERM and kill -9 are real);
+- the kubelet emulator over the real unix sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.kubelet import Kubelet, get_info
+from tests.fakes.nvml_lib import build_fake_nvml
+from tests.fakes.simnode import SimNode
+
+ROOT = Path(__file__).resolve().parents[2]
+INTEL = "gpu.intel.com"
+NVIDIA = "gpu.nvidia.com"
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {server}\n"
+        "users:\n- name: plugin\n  user:\n    token: test-token\n"
+        "contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: plugin\n"
+        "current-context: fake\n"
+    )
+    return path
+
+
+def allocated_claim(
+    name: str,
+    results: Sequence[Mapping[str, Any]],
+    *,
+    namespace: str = "default",
+    uid: str | None = None,
+) -> dict[str, Any]:
+    """A ResourceClaim (v1 shape) allocated by the scheduler with the given results.
+
+    Each result: {"request", "driver", "pool", "device"} and optionally adminAccess/shareID.
+    """
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": r["request"], "exactly": {"deviceClassName": r["driver"]}}
+                    for r in results
+                ]
+            }
+        },
+        "status": {"allocation": {"devices": {"results": [dict(r) for r in results]}}},
+    }
+
+
+class Daemon:
+    """One `dra-plugin run` subprocess."""
+
+    def __init__(
+        self, proc: subprocess.Popen[bytes], log: Path, cluster: Cluster, pod_uid: str
+    ) -> None:
+        self.proc = proc
+        self.log = log
+        self.cluster = cluster
+        self.pod_uid = pod_uid
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def registration_socket(self, driver: str) -> Path:
+        name = f"{driver}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{driver}-reg.sock"
+        return self.cluster.registry / name
+
+    def dra_socket(self, driver: str) -> Path:
+        name = f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock"
+        return self.cluster.plugins / driver / name
+
+    def wait_ready(self, drivers: Iterable[str] = (INTEL, NVIDIA), timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(drivers)
+        while pending:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"daemon not ready for {pending}:\n{self.logs()}")
+            try:
+                get_info(self.registration_socket(pending[0]), timeout=0.5)
+                pending.pop(0)
+            except Exception:  # noqa: BLE001 - not up yet
+                time.sleep(0.05)
+
+    def terminate(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+class Cluster:
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        profile: str | Sequence[str] = "igpu",
+        nvml_profile: str | None = "datacenter",
+        node: str = "node-a",
+        api_versions: Sequence[str] = ("v1",),
+    ) -> None:
+        self.tmp = tmp
+        self.node = node
+        # Socket paths must stay under 108 bytes: pytest's tmp paths are too long.
+        self.sockets = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
+        self.registry = self.sockets / "plugins_registry"
+        self.plugins = self.sockets / "plugins"
+        self.cdi = tmp / "cdi"
+        self.api = FakeAPIServer(versions=api_versions).start()
+        self.api.add_node(node)
+        self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", self.api.url)
+        self.sim = SimNode(profile)
+        self.nvml_events = tmp / "nvml-events"
+        self.nvml_events.touch()
+        self._nvml_env: dict[str, str] = {}
+        if nvml_profile is not None:
+            self._nvml_env = build_fake_nvml().env(nvml_profile, events=self.nvml_events)
+        else:
+            self._nvml_env = {"NVIDIA_DRIVER_ROOT": str(tmp / "no-nvidia")}
+        self.daemons: list[Daemon] = []
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
+        env = self.sim.env(base)
+        env.update(self._nvml_env)
+        env.update(
+            {
+                "NODE_NAME": self.node,
+                "KUBECONFIG": str(self.kubeconfig),
+                "KUBELET_REGISTRAR_DIRECTORY_PATH": str(self.registry),
+                "KUBELET_PLUGINS_DIRECTORY_PATH": str(self.plugins),
+                "CDI_ROOT": str(self.cdi),
+                "NVIDIA_TOOLKIT_CDI_DIRS": str(self.tmp / "toolkit-cdi"),
+                "METRICS_PORT": "0",
+                "SHUTDOWN_GRACE_SECONDS": "5",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(extra or {})
+        return env
+
+    def start_daemon(
+        self, *, pod_uid: str = "", env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+    ) -> Daemon:
+        extra = dict(env or {})
+        if pod_uid:
+            extra["POD_UID"] = pod_uid
+        log = self.tmp / f"daemon-{len(self.daemons)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dra_plugin", "run", *args],
+                cwd=ROOT,
+                env=self.env(extra),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        d = Daemon(proc, log, self, pod_uid)
+        self.daemons.append(d)
+        return d
+
+    def kubelet(self, version: tuple[int, int] = (1, 35)) -> Kubelet:
+        return Kubelet(self.registry, self.plugins, version)
+
+    def slices(self, driver: str | None = None) -> list[dict[str, Any]]:
+        return [
+            s
+            for s in self.api.list_stored_slices()
+            if driver is None or s["spec"]["driver"] == driver
+        ]
+
+    def wait_for(self, what: str, predicate: Any, timeout: float = 10) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        logs = "\n".join(d.logs()[-4000:] for d in self.daemons)
+        raise TimeoutError(f"timed out waiting for {what}\n{logs}")
+
+    def published(self, driver: str) -> list[str]:
+        return sorted(d["name"] for s in self.slices(driver) for d in s["spec"].get("devices", []))
+
+    def close(self) -> None:
+        for d in self.daemons:
+            d.kill()
+        self.sim.close()
+        self.api.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)

@@ -1,0 +1,236 @@
+"""The real daemon as a subprocess on a simulated node, driven by the kubelet emulator."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from tests.fakes.kubelet import Claim, get_info
+from tests.fakes.simnode import CARDS, unavailable_reason
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
+)
+
+IGPU = CARDS["igpu"].name  # the simulated Core Ultra iGPU's device name
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
+    yield c
+    c.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except urllib.error.URLError as e:  # not listening yet
+        return 0, str(e)
+
+
+@pytest.mark.parametrize("kubelet_version,expected", [((1, 35), "v1"), ((1, 33), "v1beta1")])
+def test_register_publish_prepare_unprepare(
+    cluster: Cluster, kubelet_version: tuple[int, int], expected: str
+) -> None:
+    daemon = cluster.start_daemon()
+    daemon.wait_ready()
+    kubelet = cluster.kubelet(kubelet_version)
+    intel = kubelet.wait_for(INTEL)
+    nvidia = kubelet.wait_for(NVIDIA)
+    assert intel.version == expected and nvidia.version == expected
+    assert intel.info.endpoint == str(cluster.plugins / INTEL / "dra.sock")
+    assert list(intel.info.supported_versions)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+    cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
+    cluster.wait_for("nvidia slices", lambda: "gpu-0" in cluster.published(NVIDIA))
+
+    ok = cluster.api.add_claim(
+        allocated_claim(
+            "gpu-test", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
+        )
+    )
+    other = cluster.api.add_claim(
+        allocated_claim(
+            "elsewhere", [{"request": "gpu", "driver": INTEL, "pool": "other-node", "device": IGPU}]
+        )
+    )
+    uid = ok["metadata"]["uid"]
+    claims = [
+        Claim("default", uid, "gpu-test"),
+        Claim("default", other["metadata"]["uid"], "elsewhere"),
+        Claim("default", "0e5b7c1e-0000-4000-8000-000000000001", "missing"),
+    ]
+    resp = intel.prepare(claims)
+    assert set(resp.claims) == {c.uid for c in claims}
+    got = resp.claims[uid]
+    assert got.error == "", got.error
+    assert [(d.pool_name, d.device_name, list(d.request_names)) for d in got.devices] == [
+        (cluster.node, IGPU, ["gpu"])
+    ]
+    cdi_id = f"k8s.{INTEL}/claim={uid}-{IGPU}"
+    assert cdi_id in list(got.devices[0].cdi_device_ids)
+    spec = json.loads((cluster.cdi / f"k8s.{INTEL}-claim_{uid}.json").read_text())
+    assert spec["kind"] == f"k8s.{INTEL}/claim"
+    paths = {n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]}
+    assert {"/dev/dri/card0", "/dev/dri/renderD128"} <= paths
+    # The claim for another pool yields no device of ours; a missing claim is an error.
+    assert resp.claims["0e5b7c1e-0000-4000-8000-000000000001"].error
+
+    un = intel.unprepare(claims[:1])
+    assert un.claims[uid].error == ""
+    assert not (cluster.cdi / f"k8s.{INTEL}-claim_{uid}.json").exists()
+    kubelet.close()
+    assert daemon.terminate() == 0
+
+
+def test_stale_sockets_at_start_and_sigterm_cleanup(cluster: Cluster) -> None:
+    reg = cluster.registry / f"{INTEL}-reg.sock"
+    dra = cluster.plugins / INTEL / "dra.sock"
+    for path in (reg, dra):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))  # left behind by a crashed instance: nobody listens
+        s.close()
+    daemon = cluster.start_daemon(env={"VENDORS": "intel"})
+    daemon.wait_ready([INTEL])
+    assert get_info(reg).name == INTEL
+    assert reg.stat().st_mode & 0o777 == 0o600
+    cluster.wait_for("slices", lambda: cluster.published(INTEL))
+    before = cluster.slices(INTEL)
+    assert daemon.terminate() == 0
+    assert not reg.exists() and not dra.exists()
+    # Slices stay: the next instance (or the Node's garbage collection) owns them.
+    assert cluster.slices(INTEL) == before
+    logs = daemon.logs()
+    assert logs.index("shutting down") < logs.index("stopped driver=")
+
+
+def test_sigterm_lets_inflight_prepare_finish(cluster: Cluster) -> None:
+    daemon = cluster.start_daemon(env={"VENDORS": "intel"})
+    daemon.wait_ready([INTEL])
+    kubelet = cluster.kubelet()
+    plugin = kubelet.wait_for(INTEL)
+    cluster.wait_for("slices", lambda: cluster.published(INTEL))
+    claim = cluster.api.add_claim(
+        allocated_claim(
+            "slow", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
+        )
+    )
+    cluster.api.claim_delay = 1.5
+    result: list[object] = []
+    t = threading.Thread(
+        target=lambda: result.append(
+            plugin.prepare([Claim("default", claim["metadata"]["uid"], "slow")])
+        )
+    )
+    t.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    assert get_info(daemon.registration_socket(INTEL), timeout=1.0).name == INTEL
+    assert time.monotonic() - start < 1.0  # GetInfo is not stuck behind the slow prepare
+    daemon.proc.send_signal(15)
+    t.join(20)
+    assert result, "in-flight prepare was cut off"
+    answer = result[0].claims[claim["metadata"]["uid"]]  # type: ignore[attr-defined]
+    assert answer.error == "" and answer.devices[0].device_name == IGPU
+    assert daemon.proc.wait(20) == 0
+    kubelet.close()
+
+
+def test_two_instances_with_pod_uids_side_by_side(cluster: Cluster) -> None:
+    old = cluster.start_daemon(pod_uid="1111-aaaa", env={"VENDORS": "intel"})
+    old.wait_ready([INTEL])
+    new = cluster.start_daemon(pod_uid="2222-bbbb", env={"VENDORS": "intel"})
+    new.wait_ready([INTEL])
+    assert old.registration_socket(INTEL).name == f"{INTEL}-1111-aaaa-reg.sock"
+    assert get_info(old.registration_socket(INTEL)).endpoint == str(
+        cluster.plugins / INTEL / "dra-1111-aaaa.sock"
+    )
+    assert get_info(new.registration_socket(INTEL)).endpoint == str(
+        cluster.plugins / INTEL / "dra-2222-bbbb.sock"
+    )
+    kubelet = cluster.kubelet()
+    p_old = kubelet.register(old.registration_socket(INTEL))
+    cluster.wait_for("slices", lambda: cluster.published(INTEL))
+    claims = [
+        cluster.api.add_claim(
+            allocated_claim(
+                f"c{i}",
+                [
+                    {
+                        "request": "gpu",
+                        "driver": INTEL,
+                        "pool": cluster.node,
+                        "device": IGPU,
+                        "adminAccess": True,
+                    }
+                ],
+            )
+        )
+        for i in range(2)
+    ]
+    refs = [Claim("default", c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
+    assert p_old.prepare(refs[:1]).claims[refs[0].uid].error == ""
+    p_new = kubelet.register(new.registration_socket(INTEL))  # newest registration wins
+    r = p_new.prepare(refs[1:])
+    assert r.claims[refs[1].uid].error == ""
+    # Both instances share one checkpoint and CDI dir: the new one sees the old one's claim.
+    r = p_new.prepare(refs[:1])
+    assert r.claims[refs[0].uid].error == ""
+    assert old.terminate() == 0
+    assert get_info(new.registration_socket(INTEL)).name == INTEL  # old exit leaves new alone
+    assert new.dra_socket(INTEL).exists()
+    un = p_new.unprepare(refs)
+    assert all(un.claims[c.uid].error == "" for c in refs)
+    kubelet.close()
+    assert new.terminate() == 0
+
+
+def test_healthz_fails_when_a_socket_is_gone(cluster: Cluster) -> None:
+    port = _free_port()
+    daemon = cluster.start_daemon(
+        env={"VENDORS": "intel", "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"}
+    )
+    daemon.wait_ready([INTEL])
+    cluster.wait_for("healthz", lambda: _healthz(port)[0] == 200)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "dra_plugin_rpc_total" in text
+    (cluster.plugins / INTEL / "dra.sock").unlink()
+    code, body = _healthz(port)
+    assert code == 503 and "dra.sock" in body
+    assert daemon.terminate() == 0
+
+
+def test_nvidia_only_node_without_intel_gpu_runs(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, profile="empty", nvml_profile=None)
+    try:
+        daemon = c.start_daemon()
+        daemon.wait_ready()
+        # Both drivers serve; each publishes an empty pool and says why once.
+        c.wait_for("empty pools", lambda: len(c.slices()) == 2)
+        assert all(not s["spec"].get("devices") for s in c.slices())
+        logs = daemon.logs()
+        assert logs.count("libnvidia-ml.so.1") >= 1
+        assert daemon.terminate() == 0
+    finally:
+        c.close()
