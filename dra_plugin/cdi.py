@@ -309,12 +309,17 @@ class CdiOptions:
 
     @classmethod
     def from_config(cls, cfg: Config) -> CdiOptions:
+        # The plugin may read the driver through a host mount (/host/usr/lib/...), but
+        # the spec is read by the runtime on the host: paths must be host paths.
+        host_driver_root = cfg.nvidia_driver_root
+        if cfg.host_root != Path("/") and cfg.nvidia_driver_root.is_relative_to(cfg.host_root):
+            host_driver_root = Path("/") / cfg.nvidia_driver_root.relative_to(cfg.host_root)
         return cls(
             max_version=cfg.cdi_max_version,
             nvidia_strategy=cfg.nvidia_cdi_strategy,
             toolkit_cdi_dirs=cfg.nvidia_toolkit_cdi_dirs,
             driver_root=cfg.nvidia_driver_root,
-            host_driver_root=cfg.nvidia_driver_root,
+            host_driver_root=host_driver_root,
             host_root=cfg.host_root,
         )
 

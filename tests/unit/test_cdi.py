@@ -359,3 +359,12 @@ def test_listing_and_gc_touch_only_our_files(tmp_path: Path) -> None:
     assert cdi.spec_file_name(DRIVER, uid(2)) in left
     assert cdi.spec_file_name("gpu.nvidia.com", uid(4)) in left
     assert cdi.list_spec_files(tmp_path / "missing", [DRIVER]) == {DRIVER: {}}
+
+
+def test_driver_root_under_host_mount_maps_to_host_paths() -> None:
+    cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/host", "HOST_ROOT": "/host"})
+    opts = cdi.CdiOptions.from_config(cfg)
+    assert opts.driver_root == Path("/host") and opts.host_driver_root == Path("/")
+    cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
+    opts = cdi.CdiOptions.from_config(cfg)
+    assert opts.host_driver_root == Path("/run/nvidia/driver")
