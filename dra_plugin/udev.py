@@ -43,6 +43,7 @@ INTEL_KERNEL_DRIVERS = ("i915", "xe")
 PASSTHROUGH_DRIVERS = ("vfio-pci", "xe-vfio-pci")
 DRM_MAJOR = 226
 DEV_DRI = "/dev/dri"
+UDEV_CONTROL = "/run/udev/control"  # exists where udevd runs
 _CARD = re.compile(r"^card(\d+)$")
 _RENDER = re.compile(r"^renderD(\d+)$")
 _TILE = re.compile(r"^tile\d+$")
@@ -363,20 +364,42 @@ def _relevant(device: pyudev.Device) -> bool:
     return pci_class is None or bool(_DISPLAY_CLASS_PROP.match(pci_class))
 
 
+def _listen(ctx: pyudev.Context, source: str) -> pyudev.Monitor:
+    monitor = pyudev.Monitor.from_netlink(ctx, source=source)
+    monitor.filter_by("drm")
+    monitor.filter_by("pci")
+    monitor.start()
+    return monitor
+
+
 class DrmMonitor:
     """Calls `on_change` (in the monitor thread) after DRM/PCI GPU uevents settle.
 
-    Blocks in select() on the netlink socket and a wake-up pipe: no polling. A burst of
-    events (a driver bind creates card, render and by-path nodes) yields one callback
-    `debounce_seconds` after the last event, but never later than `max_delay` after the
-    first, so a continuous stream cannot starve the daemon.
+    Listens to the kernel's uevents and, where udevd runs (`udev_control` exists), to
+    udevd's as well. Kernel uevents reach every network namespace; udevd's only reach the
+    host's, so a pod off the host network hears just the kernel. Where both arrive, both
+    feed one debounce, so the copies collapse; the kernel's comes first (before udevd made
+    the by-path links), and a udevd copy that comes after the burst settled makes one
+    more callback that sees what the first read too early.
+
+    Blocks in select() on the netlink sockets and a wake-up pipe: no polling. A burst of
+    events (a driver bind creates card, render and by-path nodes; each seen from both
+    sources) yields one callback `debounce_seconds` after the last event, but never later
+    than `max_delay` after the first, so a continuous stream cannot starve the daemon.
     """
 
-    def __init__(self, on_change: Callable[[], object], debounce_seconds: float = 0.2) -> None:
+    def __init__(
+        self,
+        on_change: Callable[[], object],
+        debounce_seconds: float = 0.2,
+        *,
+        udev_control: str = UDEV_CONTROL,
+    ) -> None:
         self._on_change = on_change
         self._debounce = max(0.0, debounce_seconds)
         self._max_delay = max(2.0, 10 * self._debounce)
-        self._monitor: pyudev.Monitor | None = None
+        self._udev_control = udev_control
+        self._monitors: tuple[pyudev.Monitor, ...] = ()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
 
@@ -384,20 +407,30 @@ class DrmMonitor:
         if self._thread is not None:
             return
         # Without udevd (a container that does not see /run/udev), "udev" events never
-        # arrive; the raw kernel events do, a moment before udev has made the nodes.
-        source = "udev" if os.path.exists("/run/udev/control") else "kernel"
-        try:
-            monitor = pyudev.Monitor.from_netlink(_context(), source=source)
-            monitor.filter_by("drm")
-            monitor.filter_by("pci")
-            monitor.start()
-        except (OSError, ValueError) as exc:
-            raise DiscoveryError(f"cannot listen for udev events ({source}): {exc}") from exc
-        self._monitor = monitor
+        # arrive, and libudev refuses to subscribe to them: the kernel's alone.
+        udevd = os.path.exists(self._udev_control)
+        sources = ("kernel", "udev") if udevd else ("kernel",)
+        ctx = _context()
+        monitors: list[tuple[str, pyudev.Monitor]] = []
+        failures: list[tuple[str, Exception]] = []
+        for source in sources:
+            try:
+                monitors.append((source, _listen(ctx, source)))
+            except (OSError, ValueError) as exc:
+                failures.append((source, exc))
+        if not monitors:
+            failed, error = failures[-1]
+            raise DiscoveryError(f"cannot listen for udev events ({failed}): {error}") from error
+        for failed, error in failures:  # the other source still works
+            log.warning("cannot listen for udev events source=%s error=%s", failed, error)
+        self._monitors = tuple(m for _, m in monitors)
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="drm-monitor", daemon=True)
         self._thread.start()
-        log.info("watching udev events source=%s subsystems=drm,pci", source)
+        log.info(
+            "watching udev events source=%s subsystems=drm,pci",
+            ",".join(s for s, _ in monitors),
+        )
 
     def stop(self) -> None:
         thread = self._thread
@@ -410,11 +443,10 @@ class DrmMonitor:
         else:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
-        self._thread, self._monitor = None, None
+        self._thread, self._monitors = None, ()
 
     def _run(self) -> None:
-        assert self._monitor is not None
-        monitor = self._monitor
+        by_fd = {m.fileno(): m for m in self._monitors}
         first: float | None = None  # when the pending burst started
         last = 0.0
         while True:
@@ -422,11 +454,14 @@ class DrmMonitor:
             if first is not None:
                 due = min(last + self._debounce, first + self._max_delay)
                 timeout = max(0.0, due - time.monotonic())
-            readable, _, _ = select.select([monitor.fileno(), self._wake_r], [], [], timeout)
+            readable, _, _ = select.select([*by_fd, self._wake_r], [], [], timeout)
             if self._wake_r in readable:
                 return
             if readable:
-                if self._drain(monitor):
+                # Drain every ready socket (no short-circuit): an undrained one stays
+                # readable and would spin the loop.
+                drained = [self._drain(by_fd[fd]) for fd in readable]
+                if any(drained):
                     now = time.monotonic()
                     first = now if first is None else first
                     last = now

@@ -557,18 +557,27 @@ class SimNode:
         result: list[dict[str, Any]] = json.loads(r.stdout)
         return result
 
-    def start_monitor(self, debounce_seconds: float = 0.2) -> MonitorChild:
-        """A child running DrmMonitor; it prints one JSON line per on_change call."""
-        return MonitorChild(self, debounce_seconds)
+    def start_monitor(
+        self, debounce_seconds: float = 0.2, udev_control: str | None = None
+    ) -> MonitorChild:
+        """A child running DrmMonitor; it prints one JSON line per on_change call.
+
+        `udev_control`: the file whose presence says udevd runs (default: the real one).
+        """
+        return MonitorChild(self, debounce_seconds, udev_control)
 
 
 class MonitorChild:
     """The `monitor` child: waits until the monitor is listening, collects callbacks."""
 
-    def __init__(self, node: SimNode, debounce_seconds: float) -> None:
+    def __init__(
+        self, node: SimNode, debounce_seconds: float, udev_control: str | None = None
+    ) -> None:
         before = node.listeners()
+        control = [udev_control] if udev_control is not None else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.simnode", "monitor", str(debounce_seconds)],
+            [sys.executable, "-m", "tests.fakes.simnode", "monitor", str(debounce_seconds),
+             *control],
             env=node.env(), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -686,13 +695,17 @@ def main(argv: Iterable[str]) -> int:
             with lock:
                 print(json.dumps({"n": next(count), "devices": names}), flush=True)
 
-        monitor = udev.DrmMonitor(on_change, debounce_seconds=float(args[1]))
+        control = {"udev_control": args[2]} if len(args) > 2 else {}
+        monitor = udev.DrmMonitor(on_change, debounce_seconds=float(args[1]), **control)
         monitor.start()
         print("ready", flush=True)
         sys.stdin.read()  # until the parent closes our stdin
         monitor.stop()
         return 0
-    print(f"usage: {sys.argv[0]} discover [driver] | list-pci | monitor DEBOUNCE", file=sys.stderr)
+    print(
+        f"usage: {sys.argv[0]} discover [driver] | list-pci | monitor DEBOUNCE [UDEV_CONTROL]",
+        file=sys.stderr,
+    )
     return 2
 
 

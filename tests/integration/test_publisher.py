@@ -12,7 +12,7 @@ import pytest
 
 from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
-from dra_plugin.slices import SlicePublisher
+from dra_plugin.publisher import SlicePublisher
 from tests.fakes import apiserver
 from tests.fakes.apiserver import FakeAPIServer
 

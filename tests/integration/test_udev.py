@@ -6,15 +6,24 @@ in a child process under the umockdev preload; uevents are sent from this proces
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dra_plugin.udev import PcieLink, pcie_link_generation
-from tests.fakes.simnode import CARDS, GiB, SimNode, expand_profile, unavailable_reason
+from tests.fakes.simnode import (
+    CARDS,
+    GiB,
+    SimNode,
+    expand_profile,
+    send_uevent,
+    unavailable_reason,
+)
 
 needs_umockdev = pytest.mark.skipif(
     unavailable_reason() is not None, reason=unavailable_reason() or ""
@@ -314,3 +323,45 @@ def test_irrelevant_events_are_ignored() -> None:
         assert monitor.next_change(timeout=10) is not None
         dev = node.discover(INTEL)["devices"][0]
     assert dev["attributes"]["pcieLinkGen"] == 1
+
+
+def _sockets(node: SimNode) -> set[str]:
+    return {n for n in os.listdir(node.root) if n.startswith("event")}
+
+
+@needs_umockdev
+def test_without_udevd_only_kernel_events(tmp_path: Path) -> None:
+    with SimNode("igpu") as node:
+        before = _sockets(node)
+        with node.start_monitor(udev_control=str(tmp_path / "absent")) as monitor:
+            assert len(_sockets(node) - before) == 1  # libudev refuses "udev" without udevd
+            node.add_card("dgpu")
+            change = monitor.next_change(timeout=10)
+            assert change is not None and len(change["devices"]) == 2
+
+
+@needs_umockdev
+def test_with_udevd_both_sources_one_debounce(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.touch()
+    with SimNode("igpu") as node:
+        before = _sockets(node)
+        with node.start_monitor(debounce_seconds=0.2, udev_control=str(control)) as monitor:
+            mine = sorted(_sockets(node) - before)
+            assert len(mine) == 2  # a kernel and a udev netlink socket
+            node.add_card("dgpu")  # every event arrives twice: still one callback
+            change = monitor.next_change(timeout=10)
+            assert change is not None
+            assert change["devices"] == ["0000-00-02-0-0x7d55", "0000-03-00-0-0xe20b"]
+            assert monitor.changes_within(1.0) == []
+            # Either source alone is enough: in a pod off the host network, udevd's
+            # events never arrive. A directory holding a link to one socket sends to it only.
+            card0 = "/devices/pci0000:00/0000:00:02.0/drm/card0"
+            for n, sock in enumerate(mine):
+                only = tmp_path / f"only-{n}"
+                only.mkdir()
+                (only / "event0").symlink_to(Path(node.root) / sock)
+                assert send_uevent(str(only), card0, "change", {"SUBSYSTEM": "drm"}) == 1
+                change = monitor.next_change(timeout=10)
+                assert change is not None and len(change["devices"]) == 2
+                assert monitor.changes_within(0.5) == []

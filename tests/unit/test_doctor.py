@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_plugin import doctor
+from dra_plugin import containerd, doctor, nodecheck
 from dra_plugin.config import Config
 from dra_plugin.devices import INTEL, NVIDIA
-from dra_plugin.doctor import Finding, Report, Status
+from dra_plugin.findings import Finding, Report, Status
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root
@@ -192,7 +192,7 @@ def test_nvidia_modules_missing_off_talos_says_modprobe(host: HostRoot) -> None:
 
 def test_nvidia_modules_loaded_pass(host: HostRoot) -> None:
     host.pci_gpu("0000:01:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*doctor.NVIDIA_MODULES)
+    host.load_modules(*nodecheck.NVIDIA_MODULES)
     assert one(run(host), "kernel-modules").status is Status.PASS
 
 
@@ -243,7 +243,7 @@ def test_nvidia_nodes_pass(host: HostRoot) -> None:
 @needs_mknod
 def test_nvidia_uvm_node_missing_fails(host: HostRoot) -> None:
     host.pci_gpu("0000:01:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*doctor.NVIDIA_MODULES)
+    host.load_modules(*nodecheck.NVIDIA_MODULES)
     host.nvidia_nodes(1, uvm=False)
     f = one(run(host), "device-nodes")
     assert f.status is Status.FAIL and "/dev/nvidia-uvm missing" in f.found
@@ -300,7 +300,7 @@ def test_talos_read_only_etc_cdi_and_missing_dynamic_dir(host: HostRoot) -> None
     assert f.status is Status.FAIL
     assert "from /etc/cdi, /var/run/cdi (default), not from /var/cdi/dynamic" in f.found
     assert "; read-only: /etc/cdi)" in f.found
-    assert doctor.TALOS_CRI_PART in f.action
+    assert containerd.TALOS_CRI_PART in f.action
     patch = yaml.safe_load(f.detail)["machine"]["files"][0]
     assert patch["path"] == "/etc/cri/conf.d/20-customization.part" and patch["op"] == "create"
     toml = tomllib.loads(patch["content"])
@@ -515,7 +515,7 @@ def fake_nvml() -> FakeNvml:
 def nvidia_host(host: HostRoot, gpus: int = 1) -> None:
     for i in range(gpus):
         host.pci_gpu(f"0000:0{i + 1}:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*doctor.NVIDIA_MODULES)
+    host.load_modules(*nodecheck.NVIDIA_MODULES)
 
 
 def nvml_run(host: HostRoot, fake: FakeNvml, mp: pytest.MonkeyPatch, profile: Path) -> Report:

@@ -1,0 +1,144 @@
+"""A read-only view of a node's host filesystem for `dra-plugin doctor`.
+
+Everything is read through `cfg.host_root` (sysfs, /proc, /dev, /etc) so tests run against
+fixture trees and doctor runs from a pod with the host mounted. It reads sysfs files
+directly instead of going through libudev: it needs a handful of attributes (class,
+vendor, driver link, link speed) that sysfs has verbatim, and a direct read keeps working
+when udev is absent (minimal hosts, a bare container) — exactly when doctor is run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+VENDORS = {"8086": "Intel", "10de": "NVIDIA", "1002": "AMD"}
+# PCIe generation by per-lane transfer rate (GT/s), as sysfs spells it.
+_GEN_BY_RATE = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+@dataclass(frozen=True)
+class Link:
+    speed: float | None  # GT/s
+    width: int | None
+
+    def describe(self) -> str:
+        gen = _GEN_BY_RATE.get(self.speed) if self.speed is not None else None
+        rate = f"Gen{gen}" if gen else f"{self.speed} GT/s"
+        return f"{rate} x{self.width}"
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    address: str
+    vendor: str  # "10de", no 0x
+    device: str
+    driver: str | None
+    current: Link
+    maximum: Link | None  # min(device, upstream port) where both are known
+
+    @property
+    def label(self) -> str:
+        return f"{self.address} {VENDORS[self.vendor]} [{self.vendor}:{self.device}]"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+class Host:
+    """Read-only view of the host filesystem under host_root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, p: str | Path) -> Path:
+        return self.root / str(p).lstrip("/")
+
+    def read(self, p: str | Path) -> str | None:
+        return _read(self.path(p))
+
+    def is_talos(self) -> bool:
+        return "ID=talos" in (self.read("/etc/os-release") or "").splitlines()
+
+    def modules(self) -> set[str] | None:
+        text = self.read("/proc/modules")
+        if text is None:
+            return None
+        names = {line.split()[0] for line in text.splitlines() if line.strip()}
+        return names
+
+    def module_loaded(self, loaded: set[str], name: str) -> bool:
+        # Built-in drivers never show in /proc/modules but do have /sys/module/<name>.
+        return name in loaded or self.path(f"/sys/module/{name}").is_dir()
+
+    def char_majors(self) -> dict[str, int]:
+        text = self.read("/proc/devices") or ""
+        block = text.split("Block devices:")[0]
+        out: dict[str, int] = {}
+        for line in block.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0].isdigit():
+                out[parts[1]] = int(parts[0])
+        return out
+
+    def gpus(self) -> list[PciGpu] | None:
+        base = self.path("/sys/bus/pci/devices")
+        if not base.is_dir():
+            return None
+        found = []
+        for dev in sorted(base.iterdir()):
+            cls = _read(dev / "class") or ""
+            vendor = (_read(dev / "vendor") or "").removeprefix("0x").lower()
+            if not cls.startswith("0x03") or vendor not in VENDORS:
+                continue
+            driver_link = dev / "driver"
+            driver = (
+                os.path.basename(os.readlink(driver_link)) if driver_link.is_symlink() else None
+            )
+            # sysfs device dirs are relative symlinks, so resolving stays under host_root;
+            # the parent directory is the upstream bridge (the slot).
+            real = dev.resolve()
+            found.append(
+                PciGpu(
+                    address=dev.name,
+                    vendor=vendor,
+                    device=(_read(dev / "device") or "?").removeprefix("0x"),
+                    driver=driver,
+                    current=_link(real, "current"),
+                    maximum=_max_link(real),
+                )
+            )
+        return found
+
+
+def _speed(raw: str | None) -> float | None:
+    m = re.match(r"\s*([\d.]+)\s*GT/s", raw or "")
+    return float(m.group(1)) if m else None
+
+
+def _width(raw: str | None) -> int | None:
+    m = re.match(r"\s*x?(\d+)", raw or "")
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else None
+
+
+def _link(dev: Path, which: str) -> Link:
+    return Link(
+        _speed(_read(dev / f"{which}_link_speed")), _width(_read(dev / f"{which}_link_width"))
+    )
+
+
+def _max_link(dev: Path) -> Link | None:
+    own = _link(dev, "max")
+    if own.speed is None or own.width is None:
+        return None
+    # A Gen5 card in a Gen4 slot is not degraded: the slot's maximum is the real ceiling.
+    port = _link(dev.parent, "max")
+    speed = min(own.speed, port.speed) if port.speed else own.speed
+    width = min(own.width, port.width) if port.width else own.width
+    return Link(speed, width)
