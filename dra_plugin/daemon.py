@@ -20,8 +20,8 @@ from dra_plugin.claims import ClaimPreparer
 from dra_plugin.config import Config
 from dra_plugin.devices import INTEL, NVIDIA, Device, Health
 from dra_plugin.health import HealthTracker
-from dra_plugin.kubeapi import KubeAPI
-from dra_plugin.slices import SlicePublisher
+from dra_plugin.kubeapi import ApiError, KubeAPI
+from dra_plugin.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +40,40 @@ class Node:
         self._discovered: dict[str, tuple[Device, ...]] = {}
         self.published: dict[str, tuple[Device, ...]] = {}
         self._held: dict[str, set[str]] = {}
+        self._present: dict[str, set[str]] = {}  # names the last discovery really found
         self._rescan = asyncio.Event()
 
     def devices(self, driver: str) -> dict[str, Device]:
         return {d.name: d for d in self.published.get(driver, ())}
 
     def set_discovered(self, inv: inventory.Inventory) -> None:
+        why_skipped = {card.pci_address: card.reason for card in inv.skipped}
         for driver, devs in inv.devices.items():
             old = {d.name: d for d in self._discovered.get(driver, ())}
             new = {d.name for d in devs}
             gone = [d for name, d in old.items() if name not in new]
-            # A device that vanished while a claim still holds it stays published as
-            # Unhealthy (and tainted), so the kubelet can tell the pod what happened.
-            kept = tuple(
-                d.with_health(Health.UNHEALTHY, "device removed from the node")
-                for d in gone
-                if d.name in self._held.get(driver, set())
-            )
+            kept = []
             for d in gone:
-                log.warning("device gone driver=%s device=%s", driver, d.name)
-            self._discovered[driver] = tuple(sorted(devs + kept, key=lambda d: d.name))
+                reason = why_skipped.get(d.pci_address or "", "device removed from the node")
+                if d.name in self._present.get(driver, set()):
+                    log.warning("device gone driver=%s device=%s reason=%r", driver, d.name, reason)
+                # A device that vanished while a claim still holds it stays published as
+                # Unhealthy (and tainted), so the kubelet can tell the pod what happened.
+                if d.name in self._held.get(driver, set()):
+                    kept.append(d.with_health(Health.UNHEALTHY, reason))
+            self._present[driver] = new
+            self._discovered[driver] = tuple(sorted((*devs, *kept), key=lambda d: d.name))
         self._publish()
 
     def set_held(self, driver: str, held: set[str]) -> None:
         self._held[driver] = held
+        # A vanished device kept only for its claim goes once the claim is unprepared.
+        present = self._present.get(driver, set())
+        devs = self._discovered.get(driver, ())
+        keep = tuple(d for d in devs if d.name in present or d.name in held)
+        if keep != devs:
+            self._discovered[driver] = keep
+            self._publish()
 
     def report_health(self, driver: str, device: str, health: Health, reason: str) -> None:
         if self._health.report(driver, device, health, reason):
@@ -116,7 +126,11 @@ async def run(cfg: Config) -> int:
         log.info("not published pci=%s reason=%s", card.pci_address, card.reason)
     log.info("discovered %s", " ".join(f"{d}={len(v)}" for d, v in inv.devices.items()))
 
-    api = KubeAPI.from_config(cfg)
+    try:
+        api = KubeAPI.from_config(cfg)
+    except ApiError as exc:
+        log.error("cannot configure the API client: %s", exc)
+        return 1
     health = HealthTracker(pool=cfg.node_name)
     publisher = SlicePublisher(api, cfg.node_name, drivers, taint_effect=cfg.taint_effect)
     node = Node(cfg, health, publisher)
@@ -174,7 +188,11 @@ async def run(cfg: Config) -> int:
             )
         )
     for m in monitors:
-        m.start()
+        try:
+            m.start()
+        except udev.DiscoveryError as exc:
+            # Without hotplug the node is still served; changes show after a restart.
+            log.error("hotplug monitor disabled error=%s", exc)
 
     # 6. Metrics and /healthz.
     metrics_server = None
