@@ -1,0 +1,1 @@
+"""Sandbox demo (python -m demo)."""
