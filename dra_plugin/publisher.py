@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from dra_plugin import metrics
 from dra_plugin.devices import Device, InvalidDeviceError
 from dra_plugin.kubeapi import ApiError, Backoff, ConflictError, KubeAPI, NotFoundError
 from dra_plugin.slices import (
@@ -218,15 +219,18 @@ class SlicePublisher:
         for obj in plan.updates:
             self._note_write(driver, obj, await self._api.update_slice(obj))
             self.stats.updates += 1
+            metrics.slice_write(driver, "update")
         for obj in plan.creates:
             self._note_write(driver, obj, await self._api.create_slice(obj))
             self.stats.creates += 1
+            metrics.slice_write(driver, "create")
         for name, rv in plan.deletes:
             self._own_deletes.append(name)
             with contextlib.suppress(NotFoundError):  # already gone: what we wanted
                 await self._api.delete_slice(name, resource_version=rv)
             self.stats.deletes += 1
             self.stats.writes += 1
+            metrics.slice_write(driver, "delete")
         # Only now: a failed attempt must not make the retry bump the generation again.
         self._last_generation[driver] = plan.generation
         self.stats.generations[driver] = plan.generation

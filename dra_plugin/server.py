@@ -113,7 +113,8 @@ class _DRAServicer:
     UNIMPLEMENTED defaults, and the registration helpers need just these methods.
     """
 
-    def __init__(self, handler: ClaimHandler, pb: _ProtoModule, version: str) -> None:
+    def __init__(self, handler: ClaimHandler, pb: _ProtoModule, version: str, driver: str) -> None:
+        self._driver = driver
         self._handler = handler
         self._pb = pb
         self._version = version
@@ -130,6 +131,13 @@ class _DRAServicer:
                 entry = resp.claims[uid]
                 if res.error:
                     entry.error = res.error
+                    metrics.claim_error(self._driver, "prepare")
+                    log.warning(
+                        "prepare failed driver=%s claim_uid=%s error=%s",
+                        self._driver,
+                        uid,
+                        res.error,
+                    )
                     continue
                 for d in res.devices:
                     dev = entry.devices.add(
@@ -153,6 +161,11 @@ class _DRAServicer:
             resp = self._pb.NodeUnprepareResourcesResponse()
             for uid, err in results.items():
                 resp.claims[uid].error = err
+                if err:
+                    metrics.claim_error(self._driver, "unprepare")
+                    log.warning(
+                        "unprepare failed driver=%s claim_uid=%s error=%s", self._driver, uid, err
+                    )
             return resp
 
         return await _timed(f"{self._version}/NodeUnprepareResources", call)
@@ -264,10 +277,10 @@ class DriverServer:
     async def start(self) -> None:
         dra = grpc.aio.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _DRAServicer(self._handler, dra_v1_pb2, "v1"), dra
+            _DRAServicer(self._handler, dra_v1_pb2, "v1", self.driver), dra
         )
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _DRAServicer(self._handler, dra_v1beta1_pb2, "v1beta1"), dra
+            _DRAServicer(self._handler, dra_v1beta1_pb2, "v1beta1", self.driver), dra
         )
         if self._health is not None:
             health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(

@@ -215,6 +215,9 @@ def test_healthz_fails_when_a_socket_is_gone(cluster: Cluster) -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert "dra_plugin_rpc_total" in text
+    assert 'dra_plugin_resourceslice_writes_total{driver="gpu.intel.com",verb="create"} 1.0' in text
+    assert 'dra_plugin_devices{driver="gpu.intel.com"} 1.0' in text
+    assert f'dra_plugin_device_healthy{{device="{IGPU}",driver="gpu.intel.com"}} 1.0' in text
     (cluster.plugins / INTEL / "dra.sock").unlink()
     code, body = _healthz(port)
     assert code == 503 and "dra.sock" in body
