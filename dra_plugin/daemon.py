@@ -14,7 +14,7 @@ import logging
 import signal
 from pathlib import Path
 
-from dra_plugin import inventory, metrics, nvml, server, udev
+from dra_plugin import gpuhealth, inventory, metrics, server, udev
 from dra_plugin.cdi import CdiOptions
 from dra_plugin.claims import ClaimPreparer
 from dra_plugin.config import Config
@@ -170,7 +170,7 @@ async def run(cfg: Config) -> int:
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
     tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
-    monitors: list[udev.DrmMonitor | nvml.NvmlHealthMonitor] = []
+    monitors: list[udev.DrmMonitor | gpuhealth.NvmlHealthMonitor] = []
     if INTEL in cfg.vendors:
         monitors.append(udev.DrmMonitor(lambda: loop.call_soon_threadsafe(node.request_rescan)))
     if NVIDIA in cfg.vendors and node.published.get(cfg.nvidia_driver_name):
@@ -180,7 +180,7 @@ async def run(cfg: Config) -> int:
             loop.call_soon_threadsafe(node.report_health, nv_driver, device, h, reason)
 
         monitors.append(
-            nvml.NvmlHealthMonitor(
+            gpuhealth.NvmlHealthMonitor(
                 cfg.nvidia_driver_root,
                 node.published[nv_driver],
                 on_nvml,

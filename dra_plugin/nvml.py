@@ -1,38 +1,22 @@
-"""NVIDIA GPUs through NVML: discovery and health events (the only importer of pynvml).
+"""NVIDIA GPUs through NVML: discovery, and the calls the health monitor makes (the only
+importer of pynvml). Naming and attributes are in nvidia.py, the monitor in gpuhealth.py.
 
 The library is loaded from the configured driver root (NVIDIA_DRIVER_ROOT), never from
 wherever the loader happens to look first, so a containerised driver under
 /run/nvidia/driver works and a mismatched host copy is not picked up by accident.
 
-Published devices follow the NVIDIA DRA driver so DeviceClasses and CEL selectors carry
-over: a whole GPU is `gpu-<minor>`; a MIG device is
-`gpu-<minor>-mig-<profile without dots>-<GI profile id>-<placement start>` (e.g.
-`gpu-0-mig-1g18gb-19-6`), which names the physical slice and so survives re-creation.
-
 A GPU in MIG mode is NOT published itself, only its MIG devices: with MIG enabled CUDA
 cannot use the GPU as a whole, and handing it out next to its MIG devices would give the
 same silicon to two claims. A MIG-enabled GPU without MIG devices publishes nothing (and
 says so in the warnings).
-
-Health (NvmlHealthMonitor) and its recovery rule:
-- a critical XID not in the ignore list, or a double-bit ECC error, marks the affected
-  device(s) unhealthy; that mark is sticky while the GPU stays reachable, because these
-  faults need a GPU reset to clear;
-- a GPU that NVML reports lost, or whose NVML calls start failing, is unhealthy;
-- when such a GPU answers NVML again it is healthy again, and its XID/ECC mark is dropped
-  too: a GPU only comes back from "lost" through a reset or driver reload, which is
-  exactly what clears those faults.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import re
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,87 +25,43 @@ from typing import Any
 import pynvml
 
 from dra_plugin.devices import (
-    NVIDIA,
-    PCI_BUS_ID,
-    PCIE_ROOT,
-    AttrValue,
     Device,
-    DeviceNode,
-    Health,
     InvalidDeviceError,
     Version,
     cuda_version,
     is_dns_label,
-    make_device,
-    pcie_root,
     semver,
-    truncate,
+)
+from dra_plugin.nvidia import (
+    LIBRARY,
+    GpuFacts,
+    bus_id,
+    error_line,
+    find_library,
+    gpu_device,
+    mig_cap_nodes,
+    mig_device,
+    mig_name,
+    mig_profile,
+    sysfs_pcie_root,
 )
 
 log = logging.getLogger(__name__)
 
-LIBRARY = "libnvidia-ml.so.1"
-NVIDIA_MAJOR = 195
-# Where driver installs put the library, relative to the driver root.
-_LIB_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "lib",
-)
-CONTROL_NODES = (
-    DeviceNode("/dev/nvidiactl", NVIDIA_MAJOR, 255),
-    DeviceNode("/dev/nvidia-uvm"),  # dynamic major: the runtime reads it from the host node
-    DeviceNode("/dev/nvidia-uvm-tools"),
-)
-_FULL_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of whole-GPU events
 _NO_ANSWER_OK = (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_NO_PERMISSION)
-
-# Same spellings as go-nvlib (GetArchitectureAsString / GetBrandAsString).
-_ARCHITECTURES = {
-    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell",
-}  # fmt: skip
-_BRANDS = {
-    0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
-    7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
-    11: "NvidiaCloudGaming", 12: "QuadroRTX", 13: "NvidiaRTX", 14: "Nvidia",
-    15: "GeForceRTX", 16: "TitanRTX",
-}  # fmt: skip
-# Well-known XIDs (NVIDIA's XID catalogue), for reasons a human can act on.
-XID_MEANINGS = {
-    13: "graphics engine exception", 31: "GPU memory page fault",
-    43: "GPU stopped processing", 45: "preemptive cleanup after previous errors",
-    48: "double-bit ECC error", 61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt", 63: "ECC page retirement or row remapping event",
-    64: "ECC page retirement or row remapping failure", 68: "video processor exception",
-    74: "NVLink error", 79: "GPU has fallen off the bus", 92: "high single-bit ECC error rate",
-    94: "contained ECC error", 95: "uncontained ECC error", 109: "context switch timeout",
-    119: "GSP RPC timeout", 120: "GSP error", 154: "GPU recovery action changed",
-}  # fmt: skip
 _ERROR_NAMES = {
     v: k for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)
 }
-_HINTS = {
-    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: (
-        "driver not loaded", "is the nvidia kernel module loaded?"),
-    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: (
-        "library and kernel module versions differ",
-        "was the driver upgraded without reloading the module (reboot the node)?",
-    ),
-    pynvml.NVML_ERROR_NO_PERMISSION: (
-        "permission denied", "the plugin needs access to /dev/nvidiactl and /dev/nvidia*"),
-    pynvml.NVML_ERROR_GPU_IS_LOST: (
-        "GPU is lost", "it stopped answering (fallen off the bus?); check dmesg for XIDs"),
-}  # fmt: skip
+
+Handle = Any  # an NVML device handle
 
 
 class NvmlError(RuntimeError):
     """NVML is unavailable or failed; the message is one line an operator can act on."""
+
+    def __init__(self, message: str, *, gpu_lost: bool = False) -> None:
+        super().__init__(message)
+        self.gpu_lost = gpu_lost  # NVML_ERROR_GPU_IS_LOST
 
 
 @dataclass(frozen=True)
@@ -133,17 +73,12 @@ class NvmlDiscovery:
     warnings: tuple[str, ...] = ()
 
 
-def xid_reason(xid: int) -> str:
-    meaning = XID_MEANINGS.get(xid, "critical error (see NVIDIA's XID catalogue)")
-    return f"XID {xid}: {meaning}"
-
-
 def describe_error(err: BaseException) -> str:
     """One line for an NVML error: 'NVML: <what> (NVML_ERROR_X): <hint>'."""
     code = getattr(err, "value", None)
-    name = _ERROR_NAMES.get(code, f"code {code}") if isinstance(code, int) else type(err).__name__
-    what, hint = _HINTS.get(code, (str(err), "")) if isinstance(code, int) else (str(err), "")
-    return f"NVML: {what} ({name})" + (f": {hint}" if hint else "")
+    if not isinstance(code, int):
+        return error_line(type(err).__name__, str(err))
+    return error_line(_ERROR_NAMES.get(code, f"code {code}"), str(err))
 
 
 def _code(err: BaseException) -> int:
@@ -151,18 +86,19 @@ def _code(err: BaseException) -> int:
     return code if isinstance(code, int) else -1
 
 
+@contextmanager
+def _as_nvml_error() -> Iterator[None]:
+    try:
+        yield
+    except pynvml.NVMLError as e:
+        lost = _code(e) == pynvml.NVML_ERROR_GPU_IS_LOST
+        raise NvmlError(describe_error(e), gpu_lost=lost) from None
+
+
 # --- library loading ------------------------------------------------------------------
 
 _load_lock = threading.Lock()
 _loaded_from: str | None = None
-
-
-def find_library(driver_root: Path) -> Path | None:
-    for sub in _LIB_DIRS:
-        candidate = driver_root / sub / LIBRARY
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def _not_found(driver_root: Path) -> str:
@@ -202,22 +138,30 @@ def _load(driver_root: Path) -> None:
         _loaded_from = target
 
 
-@contextmanager
-def _session(driver_root: Path) -> Iterator[None]:
-    """nvmlInit ... nvmlShutdown (NVML refcounts, so sessions may overlap)."""
+def init(driver_root: Path) -> None:
+    """Load the library under `driver_root` and nvmlInit; pair with shutdown()."""
     _load(driver_root)
-    try:
+    with _as_nvml_error():
         # NO_GPUS: a driver without GPUs is "no devices", not an init failure.
         pynvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_GPUS)
-    except pynvml.NVMLError as e:
-        raise NvmlError(describe_error(e)) from None
+
+
+def shutdown() -> None:
+    with _as_nvml_error():
+        pynvml.nvmlShutdown()
+
+
+@contextmanager
+def _session(driver_root: Path) -> Iterator[None]:
+    """init ... shutdown (NVML refcounts, so sessions may overlap)."""
+    init(driver_root)
     try:
         yield
     finally:
         try:
-            pynvml.nvmlShutdown()
-        except pynvml.NVMLError as e:
-            log.warning("NVML shutdown failed error=%r", describe_error(e))
+            shutdown()
+        except NvmlError as e:
+            log.warning("NVML shutdown failed error=%r", str(e))
 
 
 # --- discovery -----------------------------------------------------------------------
@@ -301,8 +245,8 @@ class _Discovery:
         cc = self.opt(f"{name} compute capability", pynvml.nvmlDeviceGetCudaComputeCapability, h)
         memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
         pci = self.opt(f"{name} PCI info", pynvml.nvmlDeviceGetPciInfo_v3, h)
-        bus_id = _bus_id(pci.busId) if pci is not None else None
-        if pci is not None and bus_id is None:
+        bus = bus_id(pci.busId) if pci is not None else None
+        if pci is not None and bus is None:
             self.warnings.append(f"{name}: unexpected PCI bus id {pci.busId!r}")
         # The current link may drop at idle (power saving); max vs. current under load is
         # what tells a degraded link. Both are published, the doctor compares.
@@ -315,24 +259,27 @@ class _Discovery:
                 ("pcieLinkMaxWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth),
             )
         }
-        common: dict[str, AttrValue | None] = {
-            "productName": truncate(str(product)) if product is not None else None,
-            "brand": _BRANDS.get(int(brand), "Unknown") if brand is not None else None,
-            "architecture": _ARCHITECTURES.get(int(arch), "Unknown") if arch is not None else None,
-            "cudaComputeCapability": (
+        facts = GpuFacts(
+            index=index,
+            minor=minor,
+            uuid=uuid,
+            product=str(product) if product is not None else None,
+            brand=int(brand) if brand is not None else None,
+            architecture=int(arch) if arch is not None else None,
+            compute_capability=(
                 self.version(f"{name} compute capability", lambda: semver(f"{cc[0]}.{cc[1]}"))
                 if cc is not None
                 else None
             ),
-            "driverVersion": driver_version,
-            "cudaDriverVersion": cuda,
-            PCI_BUS_ID: bus_id,
-            PCIE_ROOT: self.pcie_root(bus_id) if bus_id else None,
-            **{k: int(v) if v is not None else None for k, v in link.items()},
-        }
+            driver_version=driver_version,
+            cuda_version=cuda,
+            bus_id=bus,
+            pcie_root=sysfs_pcie_root(self.sysfs_root, bus) if bus else None,
+            link={k: int(v) if v is not None else None for k, v in link.items()},
+        )
         mig_mode = self.opt(f"{name} MIG mode", pynvml.nvmlDeviceGetMigMode, h)
         if mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
-            migs = self.migs(h, index, minor, uuid, common)
+            migs = self.migs(h, facts)
             if not migs:
                 self.warnings.append(
                     f"{name} ({uuid}) has MIG mode enabled but no MIG devices: "
@@ -341,18 +288,9 @@ class _Discovery:
             return migs
         if mig_mode is not None and int(mig_mode[0]) != int(mig_mode[1]):
             self.warnings.append(f"{name}: MIG mode change pending (needs a GPU reset)")
-        return [make_device(
-            name=name, vendor=NVIDIA, driver=self.driver,
-            attributes={"type": "gpu", "uuid": uuid, **common},
-            capacity={"memory": int(memory.total) if memory is not None else None},
-            nodes=[DeviceNode(f"/dev/nvidia{minor}", NVIDIA_MAJOR, minor), *CONTROL_NODES],
-            pci_address=bus_id, uuid=uuid,
-            extra={"minor": str(minor), "uuid": uuid, "index": str(index)},
-        )]  # fmt: skip
+        return [gpu_device(self.driver, facts, int(memory.total) if memory is not None else None)]
 
-    def migs(
-        self, h: Any, index: int, minor: int, parent_uuid: str, common: dict[str, AttrValue | None]
-    ) -> list[Device]:
+    def migs(self, h: Handle, gpu: GpuFacts) -> list[Device]:
         devices: list[Device] = []
         names: set[str] = set()
         for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
@@ -365,15 +303,10 @@ class _Discovery:
             gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
             ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
             uuid = str(pynvml.nvmlDeviceGetUUID(mh))
-            # NVML names MIG devices '<product> MIG <profile>', e.g. '... MIG 1g.18gb'.
-            match = re.search(r"\bMIG\s+(\S+)$", str(pynvml.nvmlDeviceGetName(mh)))
-            profile = match.group(1) if match else None
-            label = re.sub(r"[^a-z0-9-]+", "-", (profile or "unknown").lower().replace(".", ""))
-            info = self.opt(f"gpu-{minor} GPU instance {gi}", _gpu_instance_info, h, gi)
-            if info is not None:
-                name = f"gpu-{minor}-mig-{label.strip('-')}-{info.profileId}-{info.placement.start}"
-            else:
-                name = f"gpu-{minor}-mig-{label.strip('-')}-gi{gi}-ci{ci}"
+            profile = mig_profile(str(pynvml.nvmlDeviceGetName(mh)))
+            info = self.opt(f"gpu-{gpu.minor} GPU instance {gi}", _gpu_instance_info, h, gi)
+            placement = (info.profileId, info.placement.start) if info is not None else None
+            name = mig_name(gpu.minor, profile, gi, ci, placement)
             if name in names:  # several compute instances share one GPU instance
                 name = f"{name}-ci{ci}"
             names.add(name)
@@ -381,339 +314,87 @@ class _Discovery:
                 self.warnings.append(f"MIG device {uuid}: {name!r} is not a DNS label; skipped")
                 continue
             memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
-            devices.append(make_device(
-                name=name, vendor=NVIDIA, driver=self.driver,
-                attributes={"type": "mig", "uuid": uuid, "parentUUID": parent_uuid,
-                            "profile": profile, **common},
-                capacity={"memory": int(memory.total) if memory is not None else None},
-                nodes=[DeviceNode(f"/dev/nvidia{minor}", NVIDIA_MAJOR, minor), *CONTROL_NODES,
-                       *self.mig_cap_nodes(name, minor, gi, ci)],
-                pci_address=_str_or_none(common[PCI_BUS_ID]), uuid=uuid,
-                extra={"minor": str(minor), "uuid": uuid, "parentUUID": parent_uuid,
-                       "index": str(index), "gi": str(gi), "ci": str(ci)},
+            caps = mig_cap_nodes(self.proc_root, gpu.minor, gi, ci)
+            if isinstance(caps, Path):
+                self.warnings.append(
+                    f"{name}: {caps} not readable; its CDI spec will lack the /dev/nvidia-caps node"
+                )
+                caps = []
+            devices.append(mig_device(
+                self.driver, gpu, name, uuid, profile, gi=gi, ci=ci,
+                memory=int(memory.total) if memory is not None else None, cap_nodes=caps,
             ))  # fmt: skip
         return devices
 
-    def mig_cap_nodes(self, name: str, minor: int, gi: int, ci: int) -> list[DeviceNode]:
-        """/dev/nvidia-caps/nvidia-cap<N> for the GPU and compute instance (MIG access)."""
-        base = self.proc_root / f"driver/nvidia/capabilities/gpu{minor}/mig/gi{gi}"
-        major = _proc_major(self.proc_root, "nvidia-caps")
-        nodes = []
-        for access in (base / "access", base / f"ci{ci}" / "access"):
-            cap = _cap_minor(access)
-            if cap is None:
-                self.warnings.append(
-                    f"{name}: {access} not readable; its CDI spec will lack "
-                    "the /dev/nvidia-caps node"
-                )
-                return []
-            nodes.append(DeviceNode(f"/dev/nvidia-caps/nvidia-cap{cap}", major, cap))
-        return nodes
 
-    def pcie_root(self, bus_id: str) -> str | None:
-        link = self.sysfs_root / "bus" / "pci" / "devices" / bus_id
-        if not link.exists():
-            return None
-        resolved = os.path.realpath(link)
-        base = os.path.realpath(self.sysfs_root)
-        return pcie_root(resolved[len(base) :] if resolved.startswith(base) else resolved)
-
-
-def _gpu_instance_info(h: Any, gi: int) -> Any:
+def _gpu_instance_info(h: Handle, gi: int) -> Any:
     return pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, gi))
 
 
-def _str_or_none(value: AttrValue | None) -> str | None:
-    return value if isinstance(value, str) else None
+# --- calls for the health monitor (gpuhealth.py); failures raise NvmlError --------------
 
 
-def _bus_id(raw: bytes | str) -> str | None:
-    """NVML '00000000:1B:00.0' -> '0000:1b:00.0' (4-digit domain, lowercase)."""
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-    m = re.fullmatch(r"([0-9a-fA-F]{1,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", text.strip())
-    if not m:
-        return None
-    return f"{int(m.group(1), 16):04x}:{m.group(2).lower()}:{m.group(3).lower()}.{m.group(4)}"
+@dataclass(frozen=True)
+class HealthEvent:
+    """One NVML event as plain values."""
+
+    xid: int | None  # a critical XID, else None
+    double_bit_ecc: bool
+    device: int  # handle_key() of the GPU it happened on
+    gpu_instance: int  # nvidia.FULL_INSTANCE: the whole GPU
+    compute_instance: int
 
 
-def _cap_minor(access: Path) -> int | None:
-    try:
-        text = access.read_text()
-    except OSError:
-        return None
-    m = re.search(r"DeviceFileMinor:\s*(\d+)", text)
-    return int(m.group(1)) if m else None
+def handle_by_uuid(uuid: str) -> Handle:
+    with _as_nvml_error():
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
 
 
-def _proc_major(proc_root: Path, driver: str) -> int | None:
-    try:
-        for line in (proc_root / "devices").read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2 and parts[1] == driver and parts[0].isdigit():
-                return int(parts[0])
-    except OSError:
-        pass
-    return None
+def handle_key(handle: Handle) -> int:
+    """A number identifying the GPU behind a handle (what events carry)."""
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
 
 
-# --- health ---------------------------------------------------------------------------
-
-HealthCallback = Callable[[str, Health, str], None]
-
-
-@dataclass
-class _Watched:
-    name: str
-    gpu_uuid: str
-    gi: int | None  # None: the device is the whole GPU
-    ci: int | None
-    fault: str = ""  # XID/ECC, sticky while the GPU stays reachable
-    unreachable: str = ""  # NVML cannot reach the GPU
-    reported: tuple[Health, str] = (Health.HEALTHY, "")
+def create_event_set() -> Any:
+    with _as_nvml_error():
+        return pynvml.nvmlEventSetCreate()
 
 
-class NvmlHealthMonitor:
-    """Watches NVML events and reachability of the GPUs behind `devices`.
+def free_event_set(event_set: Any) -> None:
+    with _as_nvml_error():
+        pynvml.nvmlEventSetFree(event_set)
 
-    `on_health(device_name, health, reason)` is called from the monitor thread, only on
-    changes. stop() returns within about one `wait_timeout_ms`. `unmonitored` lists
-    devices whose GPU delivers no XID/ECC events (they are still probed).
-    """
 
-    def __init__(
-        self,
-        driver_root: Path,
-        devices: Sequence[Device],
-        on_health: HealthCallback,
-        xid_ignore: Sequence[int],
-        *,
-        wait_timeout_ms: int = 1000,
-        probe_interval: float = 10.0,
-    ) -> None:
-        self._driver_root = driver_root
-        self._on_health = on_health
-        self._ignore = frozenset(xid_ignore)
-        self._wait_ms = wait_timeout_ms
-        self._probe_interval = probe_interval
-        self._by_gpu: dict[str, list[_Watched]] = {}
-        for d in devices:
-            if d.vendor != NVIDIA:
-                continue
-            parent, gi, ci = d.extra_value("parentUUID"), d.extra_value("gi"), d.extra_value("ci")
-            if parent and gi is not None and ci is not None:
-                w = _Watched(d.name, parent, int(gi), int(ci))
-            elif d.uuid:
-                w = _Watched(d.name, d.uuid, None, None)
-            else:
-                continue
-            self._by_gpu.setdefault(w.gpu_uuid, []).append(w)
-        self._handles: dict[str, Any] = {}
-        self._by_address: dict[int, str] = {}
-        self._event_set: Any = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.unmonitored: tuple[str, ...] = ()
-        self.error: str | None = None
+def register_health_events(handle: Handle, event_set: Any) -> bool:
+    """Register the GPU's XID and double-bit ECC events; False when it supports neither."""
+    wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+    with _as_nvml_error():
+        mask = wanted & int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+        if mask:
+            pynvml.nvmlDeviceRegisterEvents(handle, mask, event_set)
+    return bool(mask)
 
-    def start(self) -> None:
-        """Register for events and start the thread. Never raises: when NVML is unusable,
-        `error` says why and every device is reported UNKNOWN with that reason."""
-        if self._thread is not None:
-            return
-        initialised = False
+
+def wait_event(event_set: Any, timeout_ms: int) -> HealthEvent | None:
+    """The next event, or None when none came within `timeout_ms`."""
+    with _as_nvml_error():
         try:
-            _load(self._driver_root)
-            pynvml.nvmlInitWithFlags(pynvml.NVML_INIT_FLAG_NO_GPUS)
-            initialised = True
-            for uuid in self._by_gpu:
-                self._resolve(uuid)
-            self._event_set = pynvml.nvmlEventSetCreate()
-            self._register()
-        except (NvmlError, pynvml.NVMLError) as e:
-            self.error = str(e) if isinstance(e, NvmlError) else describe_error(e)
-            log.error("nvidia health monitoring unavailable error=%r", self.error)
-            if initialised:
-                self._close()
-            for ws in self._by_gpu.values():
-                for w in ws:
-                    self._emit(
-                        w.name, Health.UNKNOWN, f"health monitoring unavailable: {self.error}"
-                    )
-            return
-        self._thread = threading.Thread(target=self._run, name="nvml-health", daemon=True)
-        self._thread.start()
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self._wait_ms / 1000 + 5)
-
-    # -- setup ---------------------------------------------------------------------------
-
-    def _resolve(self, uuid: str) -> Any:
-        try:
-            h = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        except pynvml.NVMLError as e:  # reported through the probe, once per change
-            log.debug("nvidia health: no NVML handle gpu=%s error=%r", uuid, describe_error(e))
-            return None
-        self._handles[uuid] = h
-        self._by_address[_address(h)] = uuid
-        return h
-
-    def _register(self) -> None:
-        wanted = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
-        unmonitored: list[str] = []
-        for uuid, h in self._handles.items():
-            why = "it reports no XID/ECC event support"
-            try:
-                mask = wanted & int(pynvml.nvmlDeviceGetSupportedEventTypes(h))
-                if mask:
-                    pynvml.nvmlDeviceRegisterEvents(h, mask, self._event_set)
-            except pynvml.NVMLError as e:  # like NOT_SUPPORTED: this GPU is only probed
-                mask, why = 0, f"event registration failed: {describe_error(e)}"
-            if not mask:
-                names = [w.name for w in self._by_gpu[uuid]]
-                log.warning(
-                    "nvidia health: GPU %s is only probed, not event-monitored (%s) devices=%s",
-                    uuid,
-                    why,
-                    ",".join(names),
-                )
-                unmonitored.extend(names)
-        self.unmonitored = tuple(unmonitored)
-
-    def _close(self) -> None:
-        if self._event_set is not None:
-            try:
-                pynvml.nvmlEventSetFree(self._event_set)
-            except pynvml.NVMLError as e:
-                log.warning(
-                    "nvidia health: freeing the event set failed error=%r", describe_error(e)
-                )
-            self._event_set = None
-        try:
-            pynvml.nvmlShutdown()
+            data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
         except pynvml.NVMLError as e:
-            log.warning("nvidia health: NVML shutdown failed error=%r", describe_error(e))
-
-    # -- the loop --------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception as e:  # the thread must not die silently: say health is unknown
-            log.exception("nvidia health monitor stopped")
-            for ws in self._by_gpu.values():
-                for w in ws:
-                    self._emit(w.name, Health.UNKNOWN, f"health monitor stopped: {e}")
-        finally:
-            self._close()
-
-    def _loop(self) -> None:
-        next_full_probe = 0.0
-        while not self._stop.is_set():
-            if time.monotonic() >= next_full_probe:
-                self._probe(list(self._by_gpu))
-                next_full_probe = time.monotonic() + self._probe_interval
-            else:  # GPUs already down are re-probed every round, so recovery is quick
-                self._probe([u for u, ws in self._by_gpu.items() if ws[0].unreachable])
-            try:
-                data = pynvml.nvmlEventSetWait_v2(self._event_set, self._wait_ms)
-            except pynvml.NVMLError as e:
-                code = _code(e)
-                if code == pynvml.NVML_ERROR_TIMEOUT:
-                    continue
-                if self._probe(list(self._by_gpu)) == 0:
-                    log.warning(
-                        "nvidia health: event wait failed but every GPU answers error=%r",
-                        describe_error(e),
-                    )
-                if code != pynvml.NVML_ERROR_GPU_IS_LOST:
-                    self._stop.wait(self._wait_ms / 1000)  # no busy loop on a broken wait
-                continue
-            self._event(data)
-
-    def _probe(self, uuids: list[str]) -> int:
-        """Ask each GPU a cheap question; returns how many did not answer."""
-        failing = 0
-        for uuid in uuids:
-            h = self._handles.get(uuid)
-            reason = _no_answer(h) if h is not None else "not resolved"
-            if reason:  # a reset GPU may need a fresh handle: look it up again once
-                fresh = self._resolve(uuid)
-                if fresh is None:
-                    reason = reason if h is not None else f"GPU {uuid} is not visible to NVML"
-                else:
-                    reason = _no_answer(fresh)
-            failing += bool(reason)
-            for w in self._by_gpu[uuid]:
-                if reason:
-                    w.unreachable = reason
-                elif w.unreachable:  # it answers again: reset/reload cleared XIDs too
-                    w.unreachable = w.fault = ""
-                self._report(w)
-        return failing
-
-    def _event(self, data: Any) -> None:
-        kind = int(data.eventType)
-        if kind & pynvml.nvmlEventTypeXidCriticalError:
-            xid = int(data.eventData)
-            if xid in self._ignore:
-                log.info("nvidia health: ignoring XID %d (in the ignore list)", xid)
-                return
-            reason = xid_reason(xid)
-        elif kind & pynvml.nvmlEventTypeDoubleBitEccError:
-            reason = "double-bit ECC error (uncorrectable memory error)"
-        else:
-            return
-        uuid = self._by_address.get(_address(data.device))
-        if uuid is None:
-            log.warning("nvidia health: %s on a GPU we do not publish", reason)
-            return
-        for w in self._targets(uuid, int(data.gpuInstanceId), int(data.computeInstanceId)):
-            w.fault = reason
-            self._report(w)
-
-    def _targets(self, uuid: str, gi: int, ci: int) -> list[_Watched]:
-        watched = self._by_gpu.get(uuid, [])
-        if any(w.gi is None for w in watched) or gi == _FULL_INSTANCE:
-            return watched  # a whole GPU, or an event for the whole of a MIG-mode GPU
-        hit = [w for w in watched if w.gi == gi and ci in (_FULL_INSTANCE, w.ci)]
-        if not hit:
-            log.warning(
-                "nvidia health: event for gpu=%s gi=%d ci=%d matches no published MIG device",
-                uuid,
-                gi,
-                ci,
-            )
-        return hit
-
-    def _report(self, w: _Watched) -> None:
-        reason = w.unreachable or w.fault
-        state = (Health.UNHEALTHY if reason else Health.HEALTHY, reason)
-        if state != w.reported:
-            w.reported = state
-            self._emit(w.name, *state)
-
-    def _emit(self, name: str, health: Health, reason: str) -> None:
-        log.log(
-            logging.INFO if health is Health.HEALTHY else logging.WARNING,
-            "nvidia health: device=%s health=%s reason=%r",
-            name,
-            health.value,
-            reason,
-        )
-        try:
-            self._on_health(name, health, reason)
-        except Exception:  # a failing consumer must not stop monitoring
-            log.exception("nvidia health: on_health callback failed device=%s", name)
+            if _code(e) == pynvml.NVML_ERROR_TIMEOUT:
+                return None
+            raise
+    kind = int(data.eventType)
+    return HealthEvent(
+        xid=int(data.eventData) if kind & pynvml.nvmlEventTypeXidCriticalError else None,
+        double_bit_ecc=bool(kind & pynvml.nvmlEventTypeDoubleBitEccError),
+        device=handle_key(data.device),
+        gpu_instance=int(data.gpuInstanceId),
+        compute_instance=int(data.computeInstanceId),
+    )
 
 
-def _no_answer(handle: Any) -> str:
+def no_answer(handle: Handle) -> str:
     """'' when the GPU answers a cheap query that reaches the driver, else why not."""
     try:
         pynvml.nvmlDeviceGetMemoryInfo(handle)
@@ -721,7 +402,3 @@ def _no_answer(handle: Any) -> str:
         if _code(e) not in _NO_ANSWER_OK:
             return describe_error(e)
     return ""
-
-
-def _address(handle: Any) -> int:
-    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)

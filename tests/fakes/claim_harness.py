@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin import cdi
+from dra_plugin import cdi, cdispec
 from dra_plugin.checkpoint import COMPLETED, FILE_NAME, State, decode
 from dra_plugin.claims import ClaimPreparer, ClaimRef
 from dra_plugin.devices import INTEL, NVIDIA, Device, DeviceNode, make_device
@@ -157,7 +157,7 @@ def check_consistent(root: Path, driver: str = DRIVER) -> dict[str, Any]:
         assert rec.state == COMPLETED, f"{u} left {rec.state}"
         assert u in files, f"completed claim {u} has no spec file"
         spec = json.loads(files[u].read_text())
-        errors = cdi.validate_spec(spec)
+        errors = cdispec.validate_spec(spec)
         assert not errors, errors
     orphans = set(files) - set(state.claims)
     assert not orphans, f"orphan spec files {orphans}"

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from dra_plugin.devices import PCI_BUS_ID, Health, Version, validate_device
-from dra_plugin.nvml import NvmlDiscovery, NvmlHealthMonitor, discover_nvidia
+from dra_plugin.gpuhealth import NvmlHealthMonitor
+from dra_plugin.nvml import NvmlDiscovery, discover_nvidia
 from dra_plugin.slices import parse_quantity
 
 pytestmark = pytest.mark.gpu

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin import nvml
+from dra_plugin import nvidia, nvml
 from dra_plugin.devices import (
     NVIDIA,
     PCI_BUS_ID,
@@ -29,7 +29,8 @@ from dra_plugin.devices import (
     Version,
     validate_device,
 )
-from dra_plugin.nvml import NvmlHealthMonitor, discover_nvidia
+from dra_plugin.gpuhealth import NvmlHealthMonitor
+from dra_plugin.nvml import discover_nvidia
 from tests.fakes.nvml_lib import EVENTS_ENV, PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 DRIVER = "gpu.nvidia.com"
@@ -263,7 +264,7 @@ def test_profiles_switch_within_one_process(
 
 def test_default_loader_path_for_root_slash(fake: FakeNvml) -> None:
     """Driver root '/': after the usual directories, the loader path (LD_LIBRARY_PATH)."""
-    if nvml.find_library(Path("/")) is not None:
+    if nvidia.find_library(Path("/")) is not None:
         pytest.skip("a real libnvidia-ml.so.1 is installed under /: it would be found first")
     env = {**os.environ, **fake.env("consumer")}
     code = (

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin import cdi
+from dra_plugin import cdi, cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import DeviceNode, make_device
 from tests.fakes.claim_harness import intel_device, nvidia_device, uid
@@ -73,11 +73,11 @@ def test_naming() -> None:
     ],
 )
 def test_required_version(change: dict[str, Any], version: str) -> None:
-    assert cdi.required_version(spec(**change))[0] == version
+    assert cdispec.required_version(spec(**change))[0] == version
 
 
 def test_validator_accepts_a_valid_spec() -> None:
-    assert cdi.validate_spec(spec()) == []
+    assert cdispec.validate_spec(spec()) == []
 
 
 @pytest.mark.parametrize(
@@ -136,7 +136,7 @@ def test_validator_accepts_a_valid_spec() -> None:
     ],
 )
 def test_validator_rejects(change: dict[str, Any], fragment: str) -> None:
-    errors = cdi.validate_spec(spec(**change))
+    errors = cdispec.validate_spec(spec(**change))
     assert any(fragment in e for e in errors), errors
 
 
@@ -154,7 +154,7 @@ def test_intel_render_with_by_path_links() -> None:
         "type": "c",
     }
     assert r.cdi_ids == {dev.name: (f"k8s.gpu.intel.com/claim={UID_LETTER}-{dev.name}",)}
-    assert cdi.validate_spec(r.spec) == []
+    assert cdispec.validate_spec(r.spec) == []
 
 
 def test_lowest_version_and_cap() -> None:
@@ -228,7 +228,7 @@ def toolkit_spec(d: Path, uuids: list[str], fmt: str = "yaml") -> None:
 def render_nvidia(opts: cdi.CdiOptions, devs: list[Any]) -> tuple[cdi.NvidiaPlan, cdi.RenderedSpec]:
     plan = cdi.plan_nvidia(opts, [d.uuid for d in devs])
     r = cdi.render_claim_spec("gpu.nvidia.com", UID_LETTER, devs, max_version="0.8.0", nvidia=plan)
-    assert cdi.validate_spec(r.spec) == []
+    assert cdispec.validate_spec(r.spec) == []
     return plan, r
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_plugin import cdi
+from dra_plugin import cdi, cdispec
 from dra_plugin.checkpoint import FILE_NAME, STARTED, UNPREPARING, Checkpoint, ClaimRecord
 from dra_plugin.claims import ClaimHandler, ClaimRef, PreparedDevice
 from dra_plugin.kubeapi import UnavailableError
@@ -42,7 +42,7 @@ def root(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     # Every spec file a test leaves behind is valid CDI.
     for path in (tmp_path / "cdi").glob("*.json"):
-        assert cdi.validate_spec(json.loads(path.read_text())) == [], path
+        assert cdispec.validate_spec(json.loads(path.read_text())) == [], path
 
 
 def run(coro: Any) -> Any:
