@@ -28,6 +28,7 @@ import yaml
 from dra_plugin.cdispec import EARLIEST_VERSION, required_version, validate_spec, version_key
 from dra_plugin.checkpoint import atomic_write
 from dra_plugin.devices import INTEL, NVIDIA, Device, DeviceNode, is_dns_label
+from dra_plugin.nvidia import LIBRARY_DIRS
 
 if TYPE_CHECKING:
     from dra_plugin.config import Config
@@ -117,18 +118,6 @@ NVIDIA_LIBRARIES = (
     "libnvidia-cfg.so.1",
     "libnvidia-allocator.so.1",
     "libnvidia-gpucomp.so.*",
-)
-LIBRARY_DIRS = (
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "lib",
-    "usr/local/nvidia/lib64",
-    "usr/local/glibc/usr/lib",
 )
 BINARIES = ("usr/bin/nvidia-smi", "bin/nvidia-smi")
 HOOK_BINARIES = (

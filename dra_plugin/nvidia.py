@@ -33,8 +33,9 @@ from dra_plugin.devices import (
 )
 
 LIBRARY = "libnvidia-ml.so.1"
-# Where driver installs put the library, relative to the driver root.
-_LIB_DIRS = (
+# Where driver installs put their libraries, relative to the driver root (distribution
+# layouts, then the GPU Operator's and Talos' glibc extension layouts).
+LIBRARY_DIRS = (
     "usr/lib64",
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
@@ -43,6 +44,8 @@ _LIB_DIRS = (
     "lib/x86_64-linux-gnu",
     "lib/aarch64-linux-gnu",
     "lib",
+    "usr/local/nvidia/lib64",
+    "usr/local/glibc/usr/lib",
 )
 NVIDIA_MAJOR = 195
 CONTROL_NODES = (
@@ -203,7 +206,7 @@ def mig_device(
 
 
 def find_library(driver_root: Path) -> Path | None:
-    for sub in _LIB_DIRS:
+    for sub in LIBRARY_DIRS:
         candidate = driver_root / sub / LIBRARY
         if candidate.is_file():
             return candidate
