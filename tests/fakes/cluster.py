@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.kubelet import Kubelet, get_info
+from tests.fakes.kubelet import Claim, Kubelet, get_info
 from tests.fakes.nvml_lib import build_fake_nvml
 from tests.fakes.simnode import SimNode
 
@@ -183,6 +183,12 @@ class Cluster:
         d = Daemon(proc, log, self, pod_uid)
         self.daemons.append(d)
         return d
+
+    def add_claim(self, name: str, driver: str, device: str, **extra: Any) -> Claim:
+        """Seed a claim allocated to one of this node's devices; the kubelet's view of it."""
+        result = {"request": "gpu", "driver": driver, "pool": self.node, "device": device}
+        obj = self.api.add_claim(allocated_claim(name, [{**result, **extra}]))
+        return Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], name)
 
     def kubelet(self, version: tuple[int, int] = (1, 35)) -> Kubelet:
         return Kubelet(self.registry, self.plugins, version)

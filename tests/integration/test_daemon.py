@@ -171,24 +171,7 @@ def test_two_instances_with_pod_uids_side_by_side(cluster: Cluster) -> None:
     kubelet = cluster.kubelet()
     p_old = kubelet.register(old.registration_socket(INTEL))
     cluster.wait_for("slices", lambda: cluster.published(INTEL))
-    claims = [
-        cluster.api.add_claim(
-            allocated_claim(
-                f"c{i}",
-                [
-                    {
-                        "request": "gpu",
-                        "driver": INTEL,
-                        "pool": cluster.node,
-                        "device": IGPU,
-                        "adminAccess": True,
-                    }
-                ],
-            )
-        )
-        for i in range(2)
-    ]
-    refs = [Claim("default", c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
+    refs = [cluster.add_claim(f"c{i}", INTEL, IGPU, adminAccess=True) for i in range(2)]
     assert p_old.prepare(refs[:1]).claims[refs[0].uid].error == ""
     p_new = kubelet.register(new.registration_socket(INTEL))  # newest registration wins
     r = p_new.prepare(refs[1:])

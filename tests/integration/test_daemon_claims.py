@@ -101,24 +101,7 @@ def test_claim_cases_against_the_api(cluster: Cluster) -> None:
 
 
 def test_kill_9_during_prepare_then_restart_is_consistent(cluster: Cluster) -> None:
-    claims = [
-        cluster.api.add_claim(
-            allocated_claim(
-                f"c{i}",
-                [
-                    {
-                        "request": "gpu",
-                        "driver": INTEL,
-                        "pool": cluster.node,
-                        "device": IGPU,
-                        "adminAccess": True,
-                    }
-                ],
-            )
-        )
-        for i in range(3)
-    ]
-    refs = [Claim("default", c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
+    refs = [cluster.add_claim(f"c{i}", INTEL, IGPU, adminAccess=True) for i in range(3)]
     for round_ in range(3):
         daemon = cluster.start_daemon(env={"VENDORS": "intel"})
         daemon.wait_ready([INTEL])
