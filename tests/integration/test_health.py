@@ -3,7 +3,6 @@ Kubernetes sees them (the kubelet's health stream and ResourceSlice taints)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,10 +129,9 @@ def test_udev_remove_of_unheld_device_leaves_slices_and_stream(cluster: Cluster)
     cluster.wait_for("slice", lambda: IGPU in cluster.published(INTEL))
     cluster.wait_for("udev listener", lambda: cluster.sim.listeners() > 0)
     generation = cluster.slices(INTEL)[0]["spec"]["pool"]["generation"]
-    start = time.monotonic()
     cluster.sim.remove_card(IGPU_PCI)
-    cluster.wait_for("device gone", lambda: IGPU not in cluster.published(INTEL))
-    assert time.monotonic() - start < 5
+    # A liveness bound, not a benchmark: bench/ measures how fast this really is.
+    cluster.wait_for("device gone", lambda: IGPU not in cluster.published(INTEL), timeout=5)
     _stream_until(plugin, lambda m: IGPU not in m)
     assert cluster.slices(INTEL)[0]["spec"]["pool"]["generation"] == generation + 1
     cluster.sim.add_card("igpu")
