@@ -1,0 +1,20 @@
+"""Benchmarks of dra-plugin, each compared with a floor measured in the same run.
+
+Run `python -m bench` (full, under 5 minutes on 2 cores) or `python -m bench --smoke`
+(seconds, for the test suite). The report is JSON (also written to bench/results.json)
+plus a short table; every timing is a median and a p99 over repeated runs. See
+docs/benchmarks.md for what each figure means.
+
+Modules, by responsibility:
+- `stats`: summaries (median, p99) and the report's number formats;
+- `floor`: the floor (bare gRPC round trip on a unix socket, fsync'd write, HTTP GET);
+- `echo_server`: the trivial grpc.aio server the floor calls (a subprocess);
+- `node`: a simulated node around the real daemon (tests.fakes.cluster) for the benches;
+- `claims`: prepare latency and the 64-claim burst, through the kubelet emulator;
+- `startup`: process start to GetInfo and first ResourceSlice, import time, RSS, idle CPU;
+- `scale`: 1,000 devices through the publisher, restart with no change;
+- `fleet`: hundreds of nodes' publishers against one fake API server;
+- `report`: targets, the table, the JSON file.
+"""
+
+SCHEMA = 1

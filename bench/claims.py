@@ -1,0 +1,205 @@
+"""Prepare latency and the 64-claim burst, end to end through the kubelet emulator.
+
+Each call goes over the real unix socket to the real daemon, which GETs the claim from
+the fake API server, writes the CDI spec and its checkpoint (fsync'd), and answers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bench.floor import Floor
+from bench.node import BenchNode
+from bench.stats import ratio, summarize
+from tests.fakes.cluster import INTEL, NVIDIA, allocated_claim
+from tests.fakes.kubelet import Claim, Plugin
+from tests.fakes.simnode import CARDS
+
+NAMESPACE = "default"
+INTEL_DEVICE = CARDS["igpu"].name
+NVIDIA_DEVICE = "gpu-0"
+INTEL_DEVICES = tuple(CARDS[k].name for k in ("igpu", "dgpu", "degraded", "unknown"))
+FLOOR_CLAIM = "floor-claim"
+
+
+def floor_get_path(namespace: str = NAMESPACE, name: str = FLOOR_CLAIM) -> str:
+    """The URL path the daemon GETs for a claim (resource.k8s.io/v1)."""
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+def seed_floor_claim(node: BenchNode) -> None:
+    node.api.add_claim(
+        allocated_claim(
+            FLOOR_CLAIM,
+            [{"request": "gpu", "driver": INTEL, "pool": node.node, "device": INTEL_DEVICE}],
+        )
+    )
+
+
+def _add_claim(node: BenchNode, name: str, results: Sequence[dict[str, Any]]) -> Claim:
+    stored = node.api.add_claim(allocated_claim(name, results, namespace=NAMESPACE))
+    return Claim(NAMESPACE, stored["metadata"]["uid"], name)
+
+
+def _check_prepared(resp: Any, claim: Claim) -> None:
+    got = resp.claims[claim.uid]
+    if got.error or len(got.devices) != 1:
+        raise RuntimeError(f"prepare of {claim.name} failed: {got.error or got}")
+
+
+def _check_unprepared(resp: Any, claim: Claim) -> None:
+    err = resp.claims[claim.uid].error
+    if err:
+        raise RuntimeError(f"unprepare of {claim.name} failed: {err}")
+
+
+def prepare_latency(
+    node: BenchNode,
+    plugin: Plugin,
+    driver: str,
+    device: str,
+    floor: Floor,
+    *,
+    repeats: int,
+    warmup: int,
+) -> dict[str, Any]:
+    """One claim with one device, prepared then unprepared, `repeats` times.
+
+    A floor iteration runs right before each prepare, so both see the same conditions.
+    """
+    prep: list[float] = []
+    unprep: list[float] = []
+    floors: dict[str, list[float]] = {}
+    for i in range(warmup + repeats):
+        claim = _add_claim(
+            node,
+            f"lat-{driver.split('.')[1]}-{i}",
+            [{"request": "gpu", "driver": driver, "pool": node.node, "device": device}],
+        )
+        parts = floor.once()
+        start = time.perf_counter()
+        resp = plugin.prepare([claim])
+        t_prep = time.perf_counter() - start
+        _check_prepared(resp, claim)
+        start = time.perf_counter()
+        uresp = plugin.unprepare([claim])
+        t_unprep = time.perf_counter() - start
+        _check_unprepared(uresp, claim)
+        if i < warmup:
+            continue
+        prep.append(t_prep)
+        unprep.append(t_unprep)
+        for key, value in parts.items():
+            floors.setdefault(key, []).append(value)
+    floor_summary = {key: summarize(values) for key, values in floors.items()}
+    prepare = summarize(prep)
+    return {
+        "driver": driver,
+        "device": device,
+        "prepare_ms": prepare,
+        "unprepare_ms": summarize(unprep),
+        "floor_ms": floor_summary,
+        "ratio_p50_to_floor": ratio(prepare["median"], floor_summary["total"]["median"]),
+    }
+
+
+def _concurrently(calls: int, fn: Any, args: Sequence[Any]) -> tuple[float, list[float]]:
+    """Run fn(arg) for every arg from `calls` threads released together.
+
+    Returns (seconds from release to the last answer, per-call seconds).
+    """
+    barrier = threading.Barrier(calls + 1)
+    per_call: list[float] = [0.0] * len(args)
+
+    def run(index: int) -> None:
+        barrier.wait()
+        start = time.perf_counter()
+        fn(args[index])
+        per_call[index] = time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=calls) as pool:
+        futures = [pool.submit(run, i) for i in range(len(args))]
+        barrier.wait()
+        start = time.perf_counter()
+        for f in futures:
+            f.result()
+        total = time.perf_counter() - start
+    return total, per_call
+
+
+def burst(node: BenchNode, plugin: Plugin, *, claims: int, rounds: int) -> dict[str, Any]:
+    """`claims` one-device claims prepared by as many concurrent calls, then unprepared.
+
+    The claims share the 4 Intel GPUs through `shareID` (shared allocations): an
+    exclusive device can be prepared for one claim at a time.
+    """
+    prep_total: list[float] = []
+    prep_calls: list[float] = []
+    unprep_total: list[float] = []
+    unprep_calls: list[float] = []
+    for r in range(rounds):
+        batch = [
+            _add_claim(
+                node,
+                f"burst-{r}-{i}",
+                [
+                    {
+                        "request": "gpu",
+                        "driver": INTEL,
+                        "pool": node.node,
+                        "device": INTEL_DEVICES[i % len(INTEL_DEVICES)],
+                        "shareID": str(uuid.uuid4()),
+                    }
+                ],
+            )
+            for i in range(claims)
+        ]
+
+        def prepare_one(claim: Claim) -> None:
+            _check_prepared(plugin.prepare([claim]), claim)
+
+        def unprepare_one(claim: Claim) -> None:
+            _check_unprepared(plugin.unprepare([claim]), claim)
+
+        total, per_call = _concurrently(claims, prepare_one, batch)
+        prep_total.append(total)
+        prep_calls.extend(per_call)
+        total, per_call = _concurrently(claims, unprepare_one, batch)
+        unprep_total.append(total)
+        unprep_calls.extend(per_call)
+    return {
+        "claims": claims,
+        "rounds": rounds,
+        "prepare_total_ms": summarize(prep_total),
+        "prepare_call_ms": summarize(prep_calls),
+        "unprepare_total_ms": summarize(unprep_total),
+        "unprepare_call_ms": summarize(unprep_calls),
+    }
+
+
+def run(
+    node: BenchNode, *, repeats: int, warmup: int, burst_claims: int, burst_rounds: int
+) -> dict[str, Any]:
+    """Registers with the running daemon as the kubelet does, then measures."""
+    seed_floor_claim(node)
+    kubelet = node.cluster.kubelet()
+    try:
+        intel = kubelet.wait_for(INTEL)
+        nvidia = kubelet.wait_for(NVIDIA)
+        with Floor(node.tmp / "floor", node.api.url, floor_get_path()) as floor:
+            lat_intel = prepare_latency(
+                node, intel, INTEL, INTEL_DEVICE, floor, repeats=repeats, warmup=warmup
+            )
+            lat_nvidia = prepare_latency(
+                node, nvidia, NVIDIA, NVIDIA_DEVICE, floor, repeats=repeats, warmup=warmup
+            )
+        node.api.reset_counts()
+        burst_result = burst(node, intel, claims=burst_claims, rounds=burst_rounds)
+    finally:
+        kubelet.close()
+    return {"prepare": {"intel": lat_intel, "nvidia": lat_nvidia}, "burst": burst_result}

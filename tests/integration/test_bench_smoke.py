@@ -1,0 +1,144 @@
+"""`python -m bench --smoke` runs end to end and reports every figure with its floor.
+
+Timings are never asserted: only that each figure is there and is a number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fakes.simnode import unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
+)
+
+SUMMARY = ("median", "p99", "n")
+# section path -> fields that are {median, p99, n} summaries
+SUMMARIES: dict[str, tuple[str, ...]] = {
+    "prepare.intel": ("prepare_ms", "unprepare_ms"),
+    "prepare.nvidia": ("prepare_ms", "unprepare_ms"),
+    "prepare.intel.floor_ms": ("total", "grpc_round_trip", "fsync_write", "http_get"),
+    "prepare.nvidia.floor_ms": ("total", "grpc_round_trip", "fsync_write", "http_get"),
+    "burst": ("prepare_total_ms", "prepare_call_ms", "unprepare_total_ms", "unprepare_call_ms"),
+    "startup": (
+        "to_getinfo_first_ms",
+        "to_getinfo_all_ms",
+        "to_first_slice_ms",
+        "to_all_devices_ms",
+    ),
+    "import": ("interpreter_ms", "python_c_import_ms", "import_net_ms"),
+    "footprint": ("rss_mib", "threads"),
+    "footprint.idle": ("cpu_percent",),
+    "scale": ("publish_ms", "build_and_plan_ms", "restart_no_change_ms", "one_change_ms"),
+}
+# section path -> fields that are plain numbers
+NUMBERS: dict[str, tuple[str, ...]] = {
+    "prepare.intel": ("ratio_p50_to_floor",),
+    "prepare.nvidia": ("ratio_p50_to_floor",),
+    "burst": ("claims",),
+    "startup.restart_no_change": ("slice_writes", "requests"),
+    "import": ("importtime_daemon_ms",),
+    "footprint": ("gpus",),
+    "footprint.idle": (
+        "window_s",
+        "cpu_s",
+        "cpu_percent_nvml_standin",
+        "cpu_percent_without_standin",
+        "api_requests",
+        "rss_mib_start",
+        "rss_mib_end",
+        "threads",
+    ),
+    "scale": (
+        "devices",
+        "slices",
+        "publish_requests",
+        "publish_writes",
+        "restart_no_change_writes",
+        "restart_no_change_requests",
+        "one_change_writes",
+        "one_change_requests",
+    ),
+    "fleet": ("nodes", "devices_per_node", "slices_stored", "publisher_errors"),
+    "fleet.start": ("seconds", "requests", "requests_per_node", "writes"),
+    "fleet.steady": (
+        "compression",
+        "window_s",
+        "requests_in_window",
+        "writes_in_window",
+        "requests_per_minute",
+        "expected_per_minute",
+    ),
+    "fleet.restart_no_change": ("seconds", "requests", "writes"),
+    "machine": ("nproc",),
+}
+
+
+def _at(report: dict[str, Any], path: str) -> dict[str, Any]:
+    node: Any = report
+    for key in path.split("."):
+        assert isinstance(node, dict) and key in node, f"missing {path} (at {key!r})"
+        node = node[key]
+    assert isinstance(node, dict), f"{path} is not an object"
+    return node
+
+
+def _number(value: Any, where: str) -> None:
+    assert isinstance(value, int | float) and not isinstance(value, bool), f"{where}: {value!r}"
+    assert math.isfinite(value), f"{where}: {value!r}"
+
+
+@pytest.mark.timeout(240)
+def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "smoke"
+    for path, fields in SUMMARIES.items():
+        section = _at(report, path)
+        for field in fields:
+            stat = section.get(field)
+            assert isinstance(stat, dict), f"{path}.{field} missing"
+            for key in SUMMARY:
+                _number(stat.get(key), f"{path}.{field}.{key}")
+            assert stat["n"] >= 1
+    for path, fields in NUMBERS.items():
+        section = _at(report, path)
+        for field in fields:
+            _number(section.get(field), f"{path}.{field}")
+    for key in ("cpu_model", "python", "date"):
+        assert isinstance(report["machine"][key], str) and report["machine"][key]
+    top = report["import"]["importtime_top_packages_ms"]
+    assert isinstance(top, dict) and top
+    for name, ms in top.items():
+        _number(ms, f"import.importtime_top_packages_ms.{name}")
+    targets = report["targets"]
+    assert {t["name"] for t in targets} == {
+        "prepare p50 within 3x floor",
+        "start-up to first slice < 1 s",
+        "idle RSS < 60 MB",
+        "zero writes when nothing changed",
+    }
+    for t in targets:
+        _number(t["value"], t["name"])
+        assert isinstance(t["met"], bool)
+    # The table is printed too.
+    assert "prepare 1 claim, intel" in proc.stdout
