@@ -29,7 +29,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.node import tune_fake_apiserver
 from dra_plugin.devices import Device, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.publisher import SlicePublisher
@@ -225,7 +224,6 @@ async def _run(nodes: int, compression: float, window: float) -> dict[str, Any]:
 
 
 def run(*, nodes: int, compression: float, window: float) -> dict[str, Any]:
-    tune_fake_apiserver()
     with counted_warnings() as warnings:
         result = asyncio.run(_run(nodes, compression, window))
     # Mostly "slice watch failed": the fake ends a watch by closing the connection without

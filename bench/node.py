@@ -15,7 +15,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.fakes import apiserver
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
 from tests.fakes.kubelet import get_info
 from tests.fakes.simnode import unavailable_reason
@@ -24,19 +23,6 @@ INTEL_PROFILE = "intel+degraded+unknown"  # 4 Intel GPUs
 NVML_PROFILE = "bench4"  # 4 NVIDIA GPUs
 DRIVERS = (INTEL, NVIDIA)
 GPUS = 8
-
-
-def tune_fake_apiserver() -> None:
-    """Make the fake API server send small answers without a 40 ms stall.
-
-    The fake writes a response's headers and body in two send() calls. With Nagle's
-    algorithm on, the body waits for the client's ACK of the headers, which a client in
-    delayed-ACK mode holds for up to 40 ms: any request that closely follows another on
-    a kept-alive connection took ~44 ms instead of ~0.5 ms, randomly, for the floor's GET
-    and the daemon's GETs alike. A real API server writes a small answer at once. This
-    sets socketserver's own switch (TCP_NODELAY on accepted connections) for this process.
-    """
-    apiserver._Handler.disable_nagle_algorithm = True
 
 
 def why_unavailable() -> str | None:
@@ -52,7 +38,6 @@ class BenchNode:
     """
 
     def __init__(self) -> None:
-        tune_fake_apiserver()
         self.tmp = Path(tempfile.mkdtemp(prefix="drab", dir="/tmp"))
         self.cluster = Cluster(self.tmp, profile=INTEL_PROFILE, nvml_profile=NVML_PROFILE)
         self.api = self.cluster.api

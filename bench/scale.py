@@ -12,7 +12,6 @@ import asyncio
 import time
 from typing import Any
 
-from bench.node import tune_fake_apiserver
 from bench.stats import summarize
 from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI
@@ -117,7 +116,6 @@ def build_cost(devices: list[Device], repeats: int) -> list[float]:
 
 
 def run(*, devices: int, repeats: int) -> dict[str, Any]:
-    tune_fake_apiserver()
     devs = synthetic_devices(devices)
     runs = [asyncio.run(_one_run(devs)) for _ in range(repeats)]
     last = runs[-1]

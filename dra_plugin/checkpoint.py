@@ -52,8 +52,12 @@ class CheckpointError(Exception):
     """The checkpoint file is corrupt, foreign, or unreadable; the message says which."""
 
 
-def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Temp file in the same dir, fsync, rename over `path`, fsync the dir."""
+def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+    """Temp file in the same dir, fsync, rename over `path`, fsync the dir.
+
+    `durable=False` skips both fsyncs: the rename is still atomic for any process crash,
+    only a power loss may bring back the previous version.
+    """
     tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -62,13 +66,16 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if not durable:
+        return
     dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
@@ -362,8 +369,9 @@ class Checkpoint:
         for leftover in self.path.parent.glob(f".{self.path.name}.tmp-*"):
             leftover.unlink(missing_ok=True)
 
-    def save(self, state: State) -> None:
-        atomic_write(self.path, encode(state, self.driver))
+    def save(self, state: State, *, durable: bool = True) -> None:
+        """Write the record; see atomic_write for what `durable=False` gives up."""
+        atomic_write(self.path, encode(state, self.driver), durable=durable)
         key = self._stat()
         saved = State(state.boot_id, dict(state.claims), dict(state.extra))
         self._cache = (key, saved) if key else None

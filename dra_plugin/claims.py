@@ -426,10 +426,12 @@ class ClaimPreparer:
             pending[ref.uid] = (started, rendered)
         if not pending:
             return out
-        # Phase 1: record intent before any side effect.
+        # Phase 1: record intent before any side effect. Not fsync'd: a process crash
+        # keeps it (page cache), and if a power loss drops it, the spec file written next
+        # has no owner and start-up garbage collection removes it: the same end state.
         for uid, (rec, _) in pending.items():
             state.claims[uid] = rec
-        self._checkpoint.save(state)
+        self._checkpoint.save(state, durable=False)
         self._step("claim-started")
         # Phase 2: the spec files.
         for uid, (rec, rendered) in list(pending.items()):
@@ -486,7 +488,9 @@ class ClaimPreparer:
         for ref in known:
             state.claims[ref.uid] = replace(state.claims[ref.uid], state=UNPREPARING)
         if known:
-            self._checkpoint.save(state)
+            # Not fsync'd (see phase 1 of prepare): losing it leaves the claim completed,
+            # and the kubelet's repeated unprepare finishes the job.
+            self._checkpoint.save(state, durable=False)
             self._step("claim-unpreparing")
         for ref in refs:
             rec = state.claims.get(ref.uid)

@@ -349,14 +349,20 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
 
 # --- comparing what exists with what we want ------------------------------------------
 def _normal_device(device: Obj) -> Obj:
-    dev = copy.deepcopy(flat_device(device))
-    for cap in (dev.get("capacity") or {}).values():
-        with contextlib.suppress(ValueError):
-            cap["value"] = str(parse_quantity(str(cap.get("value"))).normalize())
-    for taint in dev.get("taints") or []:
-        taint.pop("timeAdded", None)  # the server stamps it; not content
-        if not taint.get("value"):
-            taint.pop("value", None)
+    # Copy only what is edited below: a deepcopy of every device dominated planning time.
+    dev = dict(flat_device(device))
+    if dev.get("capacity"):
+        caps = {k: dict(v) for k, v in dev["capacity"].items()}
+        for cap in caps.values():
+            with contextlib.suppress(ValueError):
+                cap["value"] = str(parse_quantity(str(cap.get("value"))).normalize())
+        dev["capacity"] = caps
+    if dev.get("taints"):
+        taints = []
+        for t in dev["taints"]:
+            # timeAdded is the server's stamp, not content; an empty value is no value.
+            taints.append({k: v for k, v in t.items() if k != "timeAdded" and (k != "value" or v)})
+        dev["taints"] = taints
     return {k: v for k, v in dev.items() if v not in (None, {}, [])}
 
 

@@ -545,7 +545,7 @@ class FakeAPIServer:
             self.fail_status = 0
 
     def add_node(self, name: str, uid: str | None = None) -> Obj:
-        node = {
+        node: Obj = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {
@@ -811,6 +811,9 @@ _SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 class _Handler(BaseHTTPRequestHandler):
     server_state: FakeAPIServer
     protocol_version = "HTTP/1.1"  # keep-alive and chunked watches, like the real server
+    # Headers and body go out in two send()s; with Nagle on, a kept-alive client in
+    # delayed-ACK mode would wait ~40 ms for every small answer. A real server does not.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet
         pass
@@ -1116,6 +1119,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # This server closes the connection when a watch ends: say so, so the client
+        # does not put it back in its pool and fail the next request on it.
+        self.send_header("Connection", "close")
         self.end_headers()
 
         def chunk(payload: Obj) -> None:
@@ -1132,12 +1138,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if raw_rv in ("", "0"):
                     # No version: synthetic ADDED for what exists now, then changes.
                     since = st.rv
-                    initial = [slice_from_v1(s, version) for s in st.slices.values() if matches(s)]
+                    initial: list[Obj] | None = [
+                        slice_from_v1(s, version) for s in st.slices.values() if matches(s)
+                    ]
                 else:
                     since = int(raw_rv)
                     initial = []
                     if since < st.oldest_rv - 1:
-                        initial = None  # type: ignore[assignment]
+                        initial = None
             if initial is None:
                 chunk(
                     {
