@@ -181,9 +181,13 @@ def test_reboot_keeps_claims_and_rerenders_their_specs(root: Path) -> None:
     first = run(preparer(root, api, DEVICES, boot="boot-a").prepare([ref(c)]))
     # After the reboot the same device came up with other node numbers.
     moved = [replace(intel_device(0), nodes=intel_device(3).nodes)]
+    # A spec file left from before the reboot that no checkpoint entry owns.
+    orphan = root / "cdi" / cdi.spec_file_name(DRIVER, uid(7))
+    orphan.write_text((root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))).read_text())
     p = preparer(root, api, moved, boot="boot-b")
     run(p.startup())
     assert uid(1) in check_consistent(root)  # kept across the reboot
+    assert not orphan.exists()
     got = run(p.prepare([ref(c)]))
     assert got == first and api.gets == 1
     spec = json.loads((root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))).read_text())
