@@ -139,6 +139,13 @@ class NvidiaPlan:
     hooks: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (path, args)
 
 
+# Parsed toolkit spec files and library scans, keyed by what would change them: prepare
+# runs them for every NVIDIA claim, and a toolkit spec is a large YAML file.
+_TOOLKIT_CACHE: dict[Path, tuple[tuple[int, int], frozenset[str]]] = {}
+_LIBRARY_CACHE: dict[tuple[object, ...], tuple[list[tuple[str, str]], list[str]]] = {}
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def toolkit_devices(dirs: Iterable[Path]) -> set[str]:
     """Device names of kind nvidia.com/gpu in the toolkit's spec files (yaml or json)."""
     names: set[str] = set()
@@ -149,18 +156,32 @@ def toolkit_devices(dirs: Iterable[Path]) -> set[str]:
             continue
         for path in files:
             try:
-                data = yaml.safe_load(path.read_text())  # JSON is YAML too
-            except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
-                log.warning("unreadable CDI spec path=%s error=%s", path, exc)
+                st = path.stat()
+            except OSError:
                 continue
-            if isinstance(data, dict) and data.get("kind") == TOOLKIT_KIND:
-                devices = data.get("devices")
-                names.update(
-                    str(x.get("name"))
-                    for x in (devices if isinstance(devices, list) else [])
-                    if isinstance(x, dict)
-                )
+            key = (st.st_mtime_ns, st.st_size)
+            hit = _TOOLKIT_CACHE.get(path)
+            if hit is None or hit[0] != key:
+                hit = (key, frozenset(_toolkit_names(path)))
+                _TOOLKIT_CACHE[path] = hit
+            names |= hit[1]
     return names
+
+
+def _toolkit_names(path: Path) -> set[str]:
+    try:
+        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)  # JSON is YAML too
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        log.warning("unreadable CDI spec path=%s error=%s", path, exc)
+        return set()
+    if not isinstance(data, dict) or data.get("kind") != TOOLKIT_KIND:
+        return set()
+    devices = data.get("devices")
+    return {
+        str(x.get("name"))
+        for x in (devices if isinstance(devices, list) else [])
+        if isinstance(x, dict)
+    }
 
 
 def _resolve_under(root: Path, path: Path) -> Path | None:
@@ -174,6 +195,22 @@ def _resolve_under(root: Path, path: Path) -> Path | None:
 
 
 def _host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
+    # A driver install or upgrade changes the library directories' mtimes.
+    stamps: list[object] = [opts.driver_root, opts.host_driver_root]
+    for d in LIBRARY_DIRS:
+        try:
+            stamps.append((d, (opts.driver_root / d).stat().st_mtime_ns))
+        except OSError:
+            stamps.append((d, None))
+    key = tuple(stamps)
+    if key not in _LIBRARY_CACHE:
+        _LIBRARY_CACHE.clear()  # one driver root per process: keep only the current scan
+        _LIBRARY_CACHE[key] = _scan_host_libraries(opts)
+    mounts, dirs = _LIBRARY_CACHE[key]
+    return list(mounts), list(dirs)
+
+
+def _scan_host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
     root = opts.driver_root
     mounts: list[tuple[str, str]] = []
     dirs: list[str] = []

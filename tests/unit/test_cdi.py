@@ -368,3 +368,24 @@ def test_driver_root_under_host_mount_maps_to_host_paths() -> None:
     cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
     opts = cdi.CdiOptions.from_config(cfg)
     assert opts.host_driver_root == Path("/run/nvidia/driver")
+
+
+def test_toolkit_spec_changes_are_seen_despite_the_cache(tmp_path: Path) -> None:
+    spec = tmp_path / "nvidia.yaml"
+
+    def write(*uuids: str) -> None:
+        body = {
+            "cdiVersion": "0.5.0",
+            "kind": "nvidia.com/gpu",
+            "devices": [{"name": u, "containerEdits": {}} for u in uuids],
+        }
+        spec.write_text(json.dumps(body))
+        os.utime(spec, ns=(len(uuids), len(uuids)))  # a new mtime even within one tick
+
+    write("GPU-a")
+    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a"}
+    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a"}  # served from the cache
+    write("GPU-a", "GPU-b")
+    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a", "GPU-b"}
+    spec.unlink()
+    assert cdi.toolkit_devices([tmp_path]) == set()
