@@ -226,6 +226,10 @@ def pci_device_name(pci_address: str, pci_id: str) -> str:
     return dns_label(f"{pci_address.replace(':', '-').replace('.', '-')}-{pci_id}")
 
 
+# PCIe generation by per-lane transfer rate in GT/s, as sysfs reports link speeds.
+PCIE_GEN_BY_RATE = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
 def pcie_root(sysfs_device_path: str) -> str | None:
     """The PCIe root complex ('pci0000:00') of a resolved sysfs PCI device path."""
     for part in sysfs_device_path.split("/"):

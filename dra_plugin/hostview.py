@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_plugin.devices import PCIE_GEN_BY_RATE
+
 VENDORS = {"8086": "Intel", "10de": "NVIDIA", "1002": "AMD"}
-# PCIe generation by per-lane transfer rate (GT/s), as sysfs spells it.
-_GEN_BY_RATE = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Link:
     width: int | None
 
     def describe(self) -> str:
-        gen = _GEN_BY_RATE.get(self.speed) if self.speed is not None else None
+        gen = PCIE_GEN_BY_RATE.get(self.speed) if self.speed is not None else None
         rate = f"Gen{gen}" if gen else f"{self.speed} GT/s"
         return f"{rate} x{self.width}"
 

@@ -340,11 +340,6 @@ class KubeAPI:
             log.info("using resource.k8s.io/%s (served: %s)", served[0], ",".join(served))
         return self._version
 
-    async def server_version(self) -> str:
-        version_api = kubernetes.client.VersionApi(self._client)
-        info = await self._read("server version", version_api.get_code)
-        return str(info.get("gitVersion", ""))
-
     # --- objects -----------------------------------------------------------------------
     async def get_claim(self, namespace: str, name: str) -> Obj:
         """The ResourceClaim, always in the resource.k8s.io/v1 shape."""

@@ -26,6 +26,7 @@ from dra_plugin import intel_ids
 from dra_plugin.devices import (
     INTEL,
     PCI_BUS_ID,
+    PCIE_GEN_BY_RATE,
     PCIE_ROOT,
     AttrValue,
     Device,
@@ -47,8 +48,6 @@ UDEV_CONTROL = "/run/udev/control"  # exists where udevd runs
 _CARD = re.compile(r"^card(\d+)$")
 _RENDER = re.compile(r"^renderD(\d+)$")
 _TILE = re.compile(r"^tile\d+$")
-# sysfs link speed ("16.0 GT/s PCIe"; older kernels omit " PCIe") -> PCIe generation
-_GT_PER_GEN = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 # Kernel uevent PCI_CLASS is hex without leading zeros: display controllers are 3xxxx.
 _DISPLAY_CLASS_PROP = re.compile(r"^3[0-9A-Fa-f]{4}$")
 
@@ -65,12 +64,6 @@ class PcieLink:
     max_gen: int | None = None
     width: int | None = None
     max_width: int | None = None
-
-    @property
-    def degraded(self) -> bool:
-        """True when the link trained below what both ends can do (Gen1 on a Gen5 card)."""
-        pairs = ((self.gen, self.max_gen), (self.width, self.max_width))
-        return any(now is not None and top is not None and now < top for now, top in pairs)
 
 
 @dataclass(frozen=True)
@@ -136,10 +129,11 @@ def _int(text: str | None, minimum: int | None = None) -> int | None:
 
 
 def pcie_link_generation(speed: str | None) -> int | None:
+    """sysfs link speed ("16.0 GT/s PCIe"; older kernels omit " PCIe") -> PCIe generation."""
     if not speed:
         return None
     try:
-        return _GT_PER_GEN.get(float(speed.split()[0]))
+        return PCIE_GEN_BY_RATE.get(float(speed.split()[0]))
     except ValueError:  # "Unknown" (link down) or a format we do not know
         return None
 
@@ -175,15 +169,6 @@ def _pci_gpus(ctx: pyudev.Context) -> Iterator[tuple[pyudev.Device, PciGpu]]:
         gpu = _pci_gpu(pci)
         if gpu is not None:
             yield pci, gpu
-
-
-def list_pci_gpus() -> tuple[PciGpu, ...]:
-    """Every Intel/NVIDIA/AMD display-class PCI function, sorted by address (for doctor)."""
-    ctx = _context()
-    try:
-        return tuple(sorted((g for _, g in _pci_gpus(ctx)), key=lambda g: g.pci_address))
-    except (OSError, pyudev.DeviceNotFoundError) as exc:
-        raise DiscoveryError(f"cannot enumerate PCI devices: {exc}") from exc
 
 
 # --- DRM discovery -------------------------------------------------------------------

@@ -550,13 +550,6 @@ class SimNode:
         result: dict[str, Any] = json.loads(r.stdout)
         return result
 
-    def list_pci(self) -> list[dict[str, Any]]:
-        r = self.run("list-pci")
-        if r.returncode != 0:
-            raise RuntimeError(f"list-pci child failed ({r.returncode}): {r.stderr}")
-        result: list[dict[str, Any]] = json.loads(r.stdout)
-        return result
-
     def start_monitor(
         self, debounce_seconds: float = 0.2, udev_control: str | None = None
     ) -> MonitorChild:
@@ -670,7 +663,6 @@ def discovery_json(result: Any) -> dict[str, Any]:
 
 def main(argv: Iterable[str]) -> int:
     """Child entry point; runs under the preload and prints JSON on stdout."""
-    from dataclasses import asdict
 
     from dra_plugin import udev
     from dra_plugin.devices import validate_device
@@ -682,9 +674,6 @@ def main(argv: Iterable[str]) -> int:
         for device in result.devices:
             validate_device(device)  # what the API server would reject fails the test here
         print(json.dumps(discovery_json(result)))
-        return 0
-    if args[:1] == ["list-pci"]:
-        print(json.dumps([asdict(g) for g in udev.list_pci_gpus()]))
         return 0
     if args[:1] == ["monitor"]:
         count = itertools.count(1)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.udev import PcieLink, pcie_link_generation
+from dra_plugin.udev import pcie_link_generation
 from tests.fakes.simnode import (
     CARDS,
     GiB,
@@ -66,13 +66,6 @@ def _skipped(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 )
 def test_link_generation_from_sysfs_speed(speed: str | None, gen: int | None) -> None:
     assert pcie_link_generation(speed) == gen
-
-
-def test_degraded_link() -> None:
-    assert PcieLink(gen=1, max_gen=5, width=16, max_width=16).degraded
-    assert PcieLink(gen=4, max_gen=4, width=4, max_width=16).degraded
-    assert not PcieLink(gen=4, max_gen=4, width=8, max_width=8).degraded
-    assert not PcieLink().degraded  # iGPU: no link, nothing to say
 
 
 def test_profiles_expand() -> None:
@@ -245,21 +238,6 @@ def test_mixed_node_stable_order_and_no_card_twice(mixed: SimNode) -> None:
 def test_empty_node() -> None:
     with SimNode("empty") as node:
         assert node.discover(INTEL) == {"devices": [], "skipped": []}
-        assert node.list_pci() == []
-
-
-@needs_umockdev
-def test_list_pci_gpus_for_doctor(mixed: SimNode) -> None:
-    gpus = {g["pci_address"]: g for g in mixed.list_pci()}
-    assert sorted(gpus) == sorted(c.pci_address for c in CARDS.values())  # no bridges
-    assert gpus["0000:05:00.0"]["driver"] is None
-    assert gpus["0000:08:00.0"]["vendor_id"] == "0x10de"
-    degraded = gpus["0000:3a:00.0"]
-    assert degraded["class_id"] == "0x038000"
-    assert degraded["link"] == {
-        "speed": "2.5 GT/s PCIe", "max_speed": "32.0 GT/s PCIe", "gen": 1, "max_gen": 5,
-        "width": 16, "max_width": 16,
-    }  # fmt: skip
 
 
 # --- hotplug -------------------------------------------------------------------------
