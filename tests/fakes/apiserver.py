@@ -2,9 +2,11 @@
 
 Serves discovery, ResourceSlices (create with generateName, get, list/watch with label
 and field selectors, update with resourceVersion conflicts, delete), ResourceClaims
-(namespaced get/create), Nodes (get/create) and SelfSubjectAccessReviews. ResourceSlice
-writes are checked against the API server's validation rules and answered with a 422
-`Status` naming the field, so a client that passes here would pass a real server.
+(namespaced get/create/update, and the status subresource: update and server-side apply,
+under the rules in claim_status_rules.py), Nodes (get/create) and
+SelfSubjectAccessReviews. ResourceSlice writes are checked against the API server's
+validation rules and answered with a 422 `Status` naming the field, so a client that
+passes here would pass a real server.
 Unknown device fields are refused (400, like fieldValidation=Strict) so a v1-shaped slice
 sent to a v1beta1 server is caught instead of silently losing its attributes.
 
@@ -36,6 +38,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes import claim_status_rules
 
 Obj = dict[str, Any]
 GROUP = "resource.k8s.io"
@@ -471,6 +475,12 @@ class FakeAPIServer:
         # Seconds to wait before answering a claim GET (a slow API server, for tests that
         # need a prepare call in flight).
         self.claim_delay = 0.0
+        # Claim status: entry owners per claim (server-side apply), (verb, resource) pairs
+        # answered 403 as RBAC would, and a gate a status write waits on (tests that
+        # prove the kubelet's call does not wait for it).
+        self.claim_owners: dict[tuple[str, str], dict[claim_status_rules.Key, set[str]]] = {}
+        self.forbidden: set[tuple[str, str]] = set()
+        self.status_gate: threading.Event | None = None
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -770,6 +780,141 @@ class FakeAPIServer:
                 raise _HTTPError(400, "BadRequest", f"strict decoding error: {message}")
             raise _HTTPError(422, "Invalid", message, _details(name, errs))
 
+    # --- claims and their status subresource ------------------------------------------
+    def get_stored_claim(self, namespace: str, name: str) -> Obj:
+        """A stored claim (v1 shape), for assertions."""
+        with self.lock:
+            return copy.deepcopy(self.claims[(namespace, name)])
+
+    def _current_claim(self, ns: str, name: str, meta: Obj) -> Obj:
+        """The stored claim after the write preconditions (uid, resourceVersion) pass."""
+        cur = self.claims.get((ns, name))
+        if cur is None:
+            raise _not_found(name, f"resourceclaims.{GROUP}")
+        old = cur["metadata"]
+        if meta.get("uid") and meta["uid"] != old["uid"]:
+            raise _HTTPError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on resourceclaims.{GROUP} "{name}": '
+                f"Precondition failed: UID in precondition: {meta['uid']}, UID in object "
+                f"meta: {old['uid']}",
+            )
+        if meta.get("resourceVersion") and meta["resourceVersion"] != old["resourceVersion"]:
+            raise _HTTPError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on resourceclaims.{GROUP} "{name}": the '
+                "object has been modified; please apply your changes to the latest version "
+                "and try again",
+            )
+        return cur
+
+    def _store_claim(self, ns: str, name: str, cur: Obj, new: Obj) -> Obj:
+        if new != cur:
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self.claims[(ns, name)] = new
+        return copy.deepcopy(self.claims[(ns, name)])
+
+    def update_claim(self, ns: str, name: str, body: Obj, query: dict[str, str]) -> Obj:
+        """PUT on the claim: metadata may change, the spec may not, status is ignored."""
+        meta = body.get("metadata") or {}
+        _check_name(meta, name)
+        with self.lock:
+            cur = self._current_claim(ns, name, meta)
+            if body.get("spec") != cur.get("spec"):
+                raise _claim_invalid(name, [("spec", "Invalid value: field is immutable")])
+            new = copy.deepcopy(cur)
+            for field in ("labels", "annotations", "finalizers"):
+                if field in meta:
+                    new["metadata"][field] = copy.deepcopy(meta[field])
+                else:
+                    new["metadata"].pop(field, None)
+            return self._store_claim(ns, name, cur, new)
+
+    def update_claim_status(self, ns: str, name: str, body: Obj, query: dict[str, str]) -> Obj:
+        """PUT on /status: spec and metadata are kept, the status rules apply."""
+        meta = body.get("metadata") or {}
+        _check_name(meta, name)
+        status = copy.deepcopy(body.get("status") or {})
+        _refuse_unknown(name, claim_status_rules.unknown_fields(status.get("devices")))
+        with self.lock:
+            cur = self._current_claim(ns, name, meta)
+            new = copy.deepcopy(cur)
+            new["status"] = _status_strategy(name, cur.get("status") or {}, status)
+            owners = copy.deepcopy(self.claim_owners.get((ns, name), {}))
+            claim_status_rules.update_owners(
+                owners, new["status"].get("devices") or [], query.get("fieldManager") or "unknown"
+            )
+            stored = self._store_claim(ns, name, cur, new)
+            self.claim_owners[(ns, name)] = owners
+            return stored
+
+    def apply_claim_status(
+        self, ns: str, name: str, version: str, body: Obj, query: dict[str, str]
+    ) -> Obj:
+        """Server-side apply on /status (only `status.devices` is modelled)."""
+        manager = query.get("fieldManager") or ""
+        if not manager:
+            raise _HTTPError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is '
+                "required for apply patch",
+            )
+        if body.get("apiVersion") != f"{GROUP}/{version}" or body.get("kind") != "ResourceClaim":
+            raise _HTTPError(
+                400,
+                "BadRequest",
+                f"apply: apiVersion/kind must be {GROUP}/{version} ResourceClaim, got "
+                f"{body.get('apiVersion')!r}/{body.get('kind')!r}",
+            )
+        meta = body.get("metadata") or {}
+        _check_name(meta, name)
+        if meta.get("namespace", ns) != ns:
+            raise _HTTPError(400, "BadRequest", "the namespace of the object does not match")
+        status = body.get("status") or {}
+        if set(status) - {"devices"}:
+            raise _HTTPError(
+                400, "BadRequest", "the fake API server models apply of status.devices only"
+            )
+        applied = copy.deepcopy(status.get("devices") or [])
+        _refuse_unknown(name, claim_status_rules.unknown_fields(applied))
+        keys = [claim_status_rules.key_of(e) for e in applied]
+        if len(set(keys)) != len(keys):
+            raise _claim_invalid(name, [("status.devices", "duplicate entries for key")])
+        force = query.get("force") in ("true", "True", "1")
+        with self.lock:
+            cur = self._current_claim(ns, name, meta)
+            old_status = cur.get("status") or {}
+            owners = copy.deepcopy(self.claim_owners.get((ns, name), {}))
+            current = {claim_status_rules.key_of(e): e for e in old_status.get("devices") or []}
+            if not force:
+                taken = [
+                    k
+                    for k, e in zip(keys, applied, strict=True)
+                    if k in current and current[k] != e and owners.get(k, set()) - {manager}
+                ]
+                if taken:
+                    raise _HTTPError(
+                        409,
+                        "Conflict",
+                        f"Apply failed with {len(taken)} conflict(s): .status.devices {taken}",
+                    )
+            devices = claim_status_rules.apply_devices(
+                list(old_status.get("devices") or []), owners, manager, applied
+            )
+            status_after = copy.deepcopy(old_status)
+            if devices:
+                status_after["devices"] = devices
+            else:
+                status_after.pop("devices", None)
+            new = copy.deepcopy(cur)
+            new["status"] = _status_strategy(name, old_status, status_after)
+            stored = self._store_claim(ns, name, cur, new)
+            self.claim_owners[(ns, name)] = owners
+            return stored
+
 
 def _details(name: str, errs: list[tuple[str, str]]) -> Obj:
     return {
@@ -778,6 +923,57 @@ def _details(name: str, errs: list[tuple[str, str]]) -> Obj:
         "kind": "ResourceSlice",
         "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in errs],
     }
+
+
+def _check_name(meta: Obj, name: str) -> None:
+    if meta.get("name") != name:
+        raise _HTTPError(
+            400,
+            "BadRequest",
+            f"the name of the object ({meta.get('name')}) does not match the name on the "
+            f"URL ({name})",
+        )
+
+
+def _claim_invalid(name: str, errs: list[tuple[str, str]]) -> _HTTPError:
+    message = f'ResourceClaim.{GROUP} "{name}" is invalid: ' + ", ".join(
+        f"{f}: {m}" for f, m in errs
+    )
+    details = {
+        "name": name,
+        "group": GROUP,
+        "kind": "ResourceClaim",
+        "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in errs],
+    }
+    return _HTTPError(422, "Invalid", message, details)
+
+
+def _refuse_unknown(name: str, errs: list[tuple[str, str]]) -> None:
+    if errs:
+        raise _HTTPError(
+            400,
+            "BadRequest",
+            f'strict decoding error: ResourceClaim.{GROUP} "{name}": '
+            + ", ".join(f"{f}: {m}" for f, m in errs),
+        )
+
+
+def _status_strategy(name: str, old: Obj, new: Obj) -> Obj:
+    """The status subresource's strategy and validation: the status that gets stored."""
+    if old.get("allocation") and new.get("allocation") != old["allocation"]:
+        raise _claim_invalid(name, [("status.allocation", "Invalid value: field is immutable")])
+    # Entries of devices that are no longer allocated go (dropDeallocatedStatusDevices).
+    gone = claim_status_rules.allocated_keys(old) - claim_status_rules.allocated_keys(new)
+    if gone and new.get("devices"):
+        new["devices"] = [
+            e for e in new["devices"] if claim_status_rules.key_of(e) not in gone
+        ] or None
+        if new["devices"] is None:
+            del new["devices"]
+    errs = claim_status_rules.validate_status_devices(new)
+    if errs:
+        raise _claim_invalid(name, errs)
+    return new
 
 
 def _not_found(name: str, resource: str = f"resourceslices.{GROUP}") -> _HTTPError:
@@ -801,7 +997,8 @@ _SLICES_RE = re.compile(
     r"^/apis/resource\.k8s\.io/(v1|v1beta1|v1beta2)/resourceslices(?:/([^/]+))?$"
 )
 _CLAIMS_RE = re.compile(
-    r"^/apis/resource\.k8s\.io/(v1|v1beta1|v1beta2)/namespaces/([^/]+)/resourceclaims(?:/([^/]+))?$"
+    r"^/apis/resource\.k8s\.io/(v1|v1beta1|v1beta2)/namespaces/([^/]+)/resourceclaims"
+    r"(?:/([^/]+)(/status)?)?$"
 )
 _NODES_RE = re.compile(r"^/api/v1/nodes(?:/([^/]+))?$")
 _GROUP_RE = re.compile(r"^/apis/resource\.k8s\.io(?:/(v1|v1beta1|v1beta2))?$")
@@ -906,7 +1103,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._served(version)
             if st.claim_delay and method == "GET":
                 time.sleep(st.claim_delay)
-            return self._claims(method, version, ns, name, body)
+            if m.group(4):
+                return self._claim_status(method, version, ns, name, query, body)
+            return self._claims(method, version, ns, name, query, body)
         if m := _NODES_RE.match(path):
             return self._nodes(method, m.group(1), body)
         if path == _SSAR and method == "POST":
@@ -1079,7 +1278,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise _HTTPError(405, "MethodNotAllowed", f"{method} is not supported here")
 
     def _claims(
-        self, method: str, version: str, ns: str, name: str | None, body: Obj
+        self, method: str, version: str, ns: str, name: str | None, query: dict[str, str], body: Obj
     ) -> tuple[int, Obj]:
         st = self.server_state
         if method == "GET" and name:
@@ -1093,7 +1292,51 @@ class _Handler(BaseHTTPRequestHandler):
             self._count("create", "resourceclaims")
             body.setdefault("metadata", {})["namespace"] = ns
             return 201, claim_from_v1(st.add_claim(claim_to_v1(body, version)), version)
+        if method == "PUT" and name:
+            self._count("update", "resourceclaims")
+            self._check_allowed("update", "resourceclaims")
+            return 200, claim_from_v1(
+                st.update_claim(ns, name, claim_to_v1(body, version), query), version
+            )
         raise _HTTPError(405, "MethodNotAllowed", f"{method} on resourceclaims")
+
+    def _claim_status(
+        self, method: str, version: str, ns: str, name: str | None, query: dict[str, str], body: Obj
+    ) -> tuple[int, Obj]:
+        st = self.server_state
+        if method == "GET" and name:
+            return self._claims("GET", version, ns, name, query, body)
+        if method not in ("PUT", "PATCH") or not name:
+            raise _HTTPError(405, "MethodNotAllowed", f"{method} on resourceclaims/status")
+        verb = "update" if method == "PUT" else "patch"
+        self._count(verb, "resourceclaims/status")
+        self._check_allowed(verb, "resourceclaims/status")
+        gate = st.status_gate
+        if gate is not None:
+            gate.wait(timeout=60)
+        if method == "PATCH":
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype != "application/apply-patch+yaml":
+                raise _HTTPError(
+                    415,
+                    "UnsupportedMediaType",
+                    f"the fake API server takes only server-side apply on /status, not {ctype!r}",
+                )
+            return 200, claim_from_v1(
+                st.apply_claim_status(ns, name, version, body, query), version
+            )
+        return 200, claim_from_v1(
+            st.update_claim_status(ns, name, claim_to_v1(body, version), query), version
+        )
+
+    def _check_allowed(self, verb: str, resource: str) -> None:
+        if (verb, resource) in self.server_state.forbidden:
+            raise _HTTPError(
+                403,
+                "Forbidden",
+                f'{resource}.{GROUP} is forbidden: User "system:serviceaccount:test:plugin" '
+                f'cannot {verb} resource "{resource}" in API group "{GROUP}"',
+            )
 
     def _nodes(self, method: str, name: str | None, body: Obj) -> tuple[int, Obj]:
         st = self.server_state

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 
 from dra_plugin.kubeapi import (
     ConflictError,
+    DiscoveryError,
     InvalidError,
     KubeAPI,
     NotFoundError,
@@ -104,12 +108,36 @@ def test_version_discovery(served: tuple[str, ...], expected: str) -> None:
         assert srv.count("get", "discovery") == 2  # served_... once, then cached
 
 
-def test_no_resource_group() -> None:
-    with (
-        FakeAPIServer(versions=()) as srv,
-        pytest.raises(NotFoundError, match=r"does not serve resource\.k8s\.io"),
-    ):
-        run(api_for(srv).resource_api_version())
+TRIED = "tried resource.k8s.io versions v1, v1beta2, v1beta1"
+
+
+def test_no_resource_group_is_a_discovery_error_not_a_missing_object() -> None:
+    with FakeAPIServer(versions=()) as srv:
+        srv.add_claim(CLAIM)
+        api = api_for(srv)
+        for call in (api.resource_api_version(), api.get_claim("default", "gpu-test")):
+            with pytest.raises(DiscoveryError) as info:
+                run(call)
+            # Callers map NotFoundError to "not found in the API": this is something else.
+            assert not isinstance(info.value, NotFoundError)
+            message = str(info.value)
+            assert "API discovery failed" in message
+            assert "does not serve resource.k8s.io" in message
+            assert TRIED in message
+        assert srv.count("get", "resourceclaims") == 0  # the claim was never looked up
+
+
+def test_failed_discovery_says_why_and_is_retried() -> None:
+    with FakeAPIServer(versions=("v1beta1",)) as srv:
+        api = api_for(srv)
+        srv.fail(503)
+        with pytest.raises(DiscoveryError, match="unable to handle the request") as info:
+            run(api.resource_api_version())
+        assert "API discovery of resource.k8s.io failed" in str(info.value)
+        assert TRIED in str(info.value)
+        srv.recover()
+        # The failure was not cached: the next call discovers.
+        assert run(api.resource_api_version()) == "v1beta1"
 
 
 @pytest.mark.parametrize("served", ["v1", "v1beta1"])
@@ -296,3 +324,141 @@ def test_subprocess_server_and_kubeconfig(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# --- claim status (KEP-4817) through the status subresource -------------------------------
+NET = "net.example.com"
+SHARE = "0f5c3b0e-8a8a-4d7e-9a55-0d7f7c1f0003"
+
+
+def _two_driver_claim() -> dict[str, Any]:
+    claim = json.loads(json.dumps(CLAIM))
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({"request": "nic", "driver": NET, "pool": "mini-1", "device": "eth0"})
+    results.append(
+        {"request": "gpu", "driver": NV, "pool": "mini-1", "device": "gpu-1", "shareID": SHARE}
+    )
+    return claim
+
+
+def _entry(driver: str, device: str, **extra: Any) -> dict[str, Any]:
+    return {"driver": driver, "pool": "mini-1", "device": device, **extra}
+
+
+def test_apply_claim_device_status_keeps_other_drivers_entries(server: FakeAPIServer) -> None:
+    stored = server.add_claim(_two_driver_claim())
+    uid = stored["metadata"]["uid"]
+
+    async def go() -> None:
+        api = api_for(server)
+        # Another driver reports its device first, as its own field manager.
+        await api.apply_claim_device_status(
+            "default", "gpu-test", uid, [_entry(NET, "eth0", data={"mac": "x"})], field_manager=NET
+        )
+        ours = [
+            _entry(NV, "gpu-0", data={"uuid": "GPU-1"}),
+            _entry(NV, "gpu-1", shareID=SHARE),
+        ]
+        out = await api.apply_claim_device_status(
+            "default", "gpu-test", uid, ours, field_manager=NV
+        )
+        assert [e["device"] for e in out["status"]["devices"]] == ["eth0", "gpu-0", "gpu-1"]
+        # Applying again with fewer entries removes only ours.
+        out = await api.apply_claim_device_status(
+            "default", "gpu-test", uid, ours[:1], field_manager=NV
+        )
+        assert [e["device"] for e in out["status"]["devices"]] == ["eth0", "gpu-0"]
+        # A claim replaced under the same name is not touched.
+        with pytest.raises(ConflictError, match="UID in precondition"):
+            await api.apply_claim_device_status(
+                "default",
+                "gpu-test",
+                "7d1c2a36-0000-4c56-9a55-0d7f7c1f0009",
+                ours,
+                field_manager=NV,
+            )
+        # Only allocated devices can have a status.
+        with pytest.raises(InvalidError, match="must be an allocated device"):
+            await api.apply_claim_device_status(
+                "default", "gpu-test", uid, [_entry(NV, "gpu-7")], field_manager=NV
+            )
+        await api.close()
+
+    run(go())
+    devices = server.get_stored_claim("default", "gpu-test")["status"]["devices"]
+    assert devices[0] == _entry(NET, "eth0", data={"mac": "x"})
+    assert server.count("patch", "resourceclaims/status") == 5
+
+
+def _http(
+    server: FakeAPIServer,
+    method: str,
+    path: str,
+    body: dict[str, Any],
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        server.url + path,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": content_type},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_fake_status_subresource_enforces_the_real_rules(server: FakeAPIServer) -> None:
+    """PUT on /status ignores the spec, PUT on the claim ignores the status, stale
+    resourceVersions conflict, status.devices is validated, allocation is immutable."""
+    stored = server.add_claim(_two_driver_claim())
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu-test"
+    edited = json.loads(json.dumps(stored))
+    edited["spec"]["devices"]["requests"][0]["name"] = "changed"
+    edited["status"]["devices"] = [_entry(NET, "eth0")]
+    code, out = _http(server, "PUT", path + "/status", edited)
+    assert code == 200, out
+    assert out["spec"] == stored["spec"] and out["status"]["devices"] == [_entry(NET, "eth0")]
+    # The same resourceVersion again is stale now.
+    code, out = _http(server, "PUT", path + "/status", edited)
+    assert code == 409 and "has been modified" in out["message"]
+    # Through the claim itself the status is ignored and the spec is immutable.
+    fresh = server.get_stored_claim("default", "gpu-test")
+    changed = json.loads(json.dumps(fresh))
+    changed["status"] = {}
+    changed["metadata"]["labels"] = {"a": "b"}
+    code, out = _http(server, "PUT", path, changed)
+    assert code == 200 and out["status"]["devices"] == [_entry(NET, "eth0")], out
+    changed = server.get_stored_claim("default", "gpu-test")
+    changed["spec"]["devices"]["requests"][0]["name"] = "changed"
+    code, out = _http(server, "PUT", path, changed)
+    assert code == 422 and "immutable" in out["message"]
+    # status.devices rules: names, conditions, data, unknown fields, allocation.
+    bad = server.get_stored_claim("default", "gpu-test")
+    bad["status"]["devices"] = [
+        _entry(NV, "gpu-0", data=["not", "an", "object"]),
+        _entry(NV, "gpu-0"),
+        _entry(NV, "gpu-1", shareID=SHARE, conditions=[{"type": "Ready", "status": "Yes"}]),
+    ]
+    code, out = _http(server, "PUT", path + "/status", bad)
+    assert code == 422, out
+    fields = {c["field"] for c in out["details"]["causes"]}
+    assert {
+        "status.devices[0].data",
+        "status.devices[1]",
+        "status.devices[2].conditions[0].status",
+        "status.devices[2].conditions[0].reason",
+        "status.devices[2].conditions[0].lastTransitionTime",
+    } <= fields
+    bad["status"]["devices"] = [_entry(NV, "gpu-0", colour="red")]
+    code, out = _http(server, "PUT", path + "/status", bad)
+    assert code == 400 and "unknown field" in out["message"]
+    bad["status"]["devices"] = []
+    bad["status"]["allocation"]["devices"]["results"].pop()
+    code, out = _http(server, "PUT", path + "/status", bad)
+    assert code == 422 and "status.allocation" in out["message"]
+    # An apply without a field manager is refused, as the real server does.
+    code, out = _http(server, "PATCH", path + "/status", {}, "application/apply-patch+yaml")
+    assert code == 422 and "fieldManager" in out["message"]

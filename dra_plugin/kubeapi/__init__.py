@@ -1,0 +1,64 @@
+"""The only importer of `kubernetes`: claims, slices, nodes, API discovery.
+
+This package is the one place that imports the kubernetes client library; the rest of
+the plugin imports from here and sees our own exceptions (errors.py), with the client's
+exception chained as the cause. Its modules, by job:
+  errors.py     our exceptions; client/transport failures translated into them
+  transport.py  client construction, timeouts, read retries with backoff, JSON in/out
+  discovery.py  the served resource.k8s.io version (cached) and v1beta1 -> v1 conversion
+  objects.py    claims (and their status), nodes, slices, access reviews
+  watch.py      the resilient ResourceSlice watch
+`KubeAPI` stacks them: Transport -> ResourceDiscovery -> ResourceObjects -> SliceWatch.
+
+Objects are plain dicts in the API's JSON shape. The kubernetes client's generated models
+are bypassed on purpose: `CustomObjectsApi` speaks dicts for every resource.k8s.io
+version, including versions newer or older than the client's models.
+"""
+
+from __future__ import annotations
+
+from dra_plugin.kubeapi.discovery import (
+    CLAIMS,
+    RESOURCE_GROUP,
+    RESOURCE_VERSIONS,
+    SLICES,
+    claim_to_v1,
+)
+from dra_plugin.kubeapi.errors import (
+    ApiError,
+    ConflictError,
+    DiscoveryError,
+    ExpiredError,
+    ForbiddenError,
+    InvalidError,
+    NotFoundError,
+    UnavailableError,
+)
+from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts
+from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent
+
+
+class KubeAPI(SliceWatch):
+    """Async facade over the kubernetes client for the objects this plugin touches."""
+
+
+__all__ = [
+    "CLAIMS",
+    "RESOURCE_GROUP",
+    "RESOURCE_VERSIONS",
+    "SLICES",
+    "ApiError",
+    "Backoff",
+    "ConflictError",
+    "DiscoveryError",
+    "ExpiredError",
+    "ForbiddenError",
+    "InvalidError",
+    "KubeAPI",
+    "NotFoundError",
+    "Obj",
+    "Timeouts",
+    "UnavailableError",
+    "WatchEvent",
+    "claim_to_v1",
+]

@@ -1,0 +1,108 @@
+"""Which resource.k8s.io version the cluster serves, and conversion between versions.
+
+The newest served version of (v1, v1beta2, v1beta1) is found once by API discovery and
+cached; a failed discovery is not cached, so the next call tries again. When discovery
+fails the error says so and names the versions tried: a claim that was never looked up
+must not be reported as "not found".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes.client
+
+from dra_plugin.kubeapi.errors import ApiError, DiscoveryError, NotFoundError
+from dra_plugin.kubeapi.transport import Obj, Timeouts, Transport
+
+log = logging.getLogger(__name__)
+
+RESOURCE_GROUP = "resource.k8s.io"
+# Preference order: the newest the cluster serves wins.
+RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")
+SLICES = "resourceslices"
+CLAIMS = "resourceclaims"
+_TRIED = f"tried {RESOURCE_GROUP} versions {', '.join(RESOURCE_VERSIONS)}"
+
+
+def claim_to_v1(claim: Obj, version: str) -> Obj:
+    """Return a ResourceClaim in the resource.k8s.io/v1 shape whatever version it came as.
+
+    The allocation result (`status.allocation.devices.results`: request, driver, pool,
+    device, adminAccess, shareID) and `status.devices` have the same shape in v1beta1,
+    v1beta2 and v1. Only v1beta1's requests differ: their fields sit on the request
+    instead of under `exactly`.
+    """
+    out: Obj = json.loads(json.dumps(claim))  # deep copy; claims are small
+    out["apiVersion"] = f"{RESOURCE_GROUP}/v1"
+    if version == "v1beta1":
+        exact_fields = (
+            "deviceClassName",
+            "selectors",
+            "allocationMode",
+            "count",
+            "adminAccess",
+            "tolerations",
+            "capacity",
+        )
+        for req in out.get("spec", {}).get("devices", {}).get("requests", []) or []:
+            if req.get("firstAvailable"):
+                continue
+            exactly = {k: req.pop(k) for k in exact_fields if k in req}
+            if exactly:
+                req["exactly"] = exactly
+    return out
+
+
+def version_of(obj: Mapping[str, Any]) -> str:
+    """The resource.k8s.io version an object is written in, or ValueError."""
+    api_version = str(obj.get("apiVersion", ""))
+    group, _, version = api_version.rpartition("/")
+    if group != RESOURCE_GROUP or version not in RESOURCE_VERSIONS:
+        raise ValueError(f"not a resource.k8s.io object: apiVersion={api_version!r}")
+    return version
+
+
+class ResourceDiscovery(Transport):
+    """Transport plus the cached resource.k8s.io version."""
+
+    def __init__(self, api_client: Any, *, timeouts: Timeouts | None = None) -> None:
+        super().__init__(api_client, timeouts=timeouts)
+        self._version: str | None = None
+
+    async def served_resource_versions(self) -> list[str]:
+        """The resource.k8s.io versions this server serves, in our preference order.
+
+        Raises the plain API errors (NotFoundError when the group is not served at all)."""
+        group = await self._read(
+            f"discovery of {RESOURCE_GROUP} (GET /apis/{RESOURCE_GROUP})",
+            kubernetes.client.ResourceApi(self._client).get_api_group,
+        )
+        served = {v.get("version") for v in group.get("versions", [])}
+        return [v for v in RESOURCE_VERSIONS if v in served]
+
+    async def resource_api_version(self) -> str:
+        """The newest resource.k8s.io version the server serves (cached); DiscoveryError."""
+        if self._version is None:
+            try:
+                served = await self.served_resource_versions()
+            except NotFoundError as exc:
+                raise DiscoveryError(
+                    f"API discovery failed: the API server does not serve {RESOURCE_GROUP} "
+                    f"({_TRIED}); DRA needs Kubernetes 1.32+ (v1beta1) or 1.34+ (v1)"
+                ) from exc
+            except ApiError as exc:
+                raise DiscoveryError(
+                    f"API discovery of {RESOURCE_GROUP} failed ({_TRIED}): {exc}"
+                ) from exc
+            if not served:
+                raise DiscoveryError(
+                    f"API discovery failed: {RESOURCE_GROUP} is served, but in none of the "
+                    f"versions this plugin speaks ({_TRIED})"
+                )
+            self._version = served[0]
+            log.info("using %s/%s (served: %s)", RESOURCE_GROUP, served[0], ",".join(served))
+        return self._version

@@ -1,0 +1,201 @@
+"""Connection to the API server: client construction, timeouts, retries, JSON in and out.
+
+Every request has a timeout; reads are retried with exponential backoff and jitter on
+transient failures (connection refused, 5xx, 429); writes are not retried here because
+their callers re-read and recompute (slices) or log and move on (claim status).
+Blocking client calls run in worker threads (`asyncio.to_thread`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
+
+import kubernetes.client
+import kubernetes.config
+from kubernetes.client.exceptions import ApiException
+
+from dra_plugin.kubeapi.errors import (
+    TRANSPORT_ERRORS,
+    ApiError,
+    UnavailableError,
+    translate,
+)
+
+if TYPE_CHECKING:
+    from dra_plugin.config import Config
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+class Backoff:
+    """Exponential backoff with jitter: initial, 2x, 4x ... capped at `maximum`.
+
+    Jitter ("equal jitter": half fixed, half random) keeps 500 nodes that lost the API
+    server at the same moment from hammering it in lockstep when it comes back.
+    """
+
+    def __init__(self, initial: float = 0.2, maximum: float = 10.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._attempt = 0
+
+    def next(self) -> float:
+        base = float(min(self.maximum, self.initial * float(2**self._attempt)))
+        self._attempt = min(self._attempt + 1, 32)
+        return base / 2 + random.uniform(0, base / 2)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Per-request limits (seconds)."""
+
+    connect: float = 5.0
+    read: float = 15.0
+    # The server ends a watch after this long; we then resume from the last version.
+    watch: int = 300
+    read_attempts: int = 5
+    backoff_initial: float = 0.2
+    backoff_max: float = 5.0
+
+
+class Transport:
+    """The kubernetes client, its configuration and the request plumbing."""
+
+    def __init__(self, api_client: Any, *, timeouts: Timeouts | None = None) -> None:
+        self._client = api_client
+        # Dicts in, dicts out for every resource.k8s.io version (see the package docs).
+        self._custom = kubernetes.client.CustomObjectsApi(api_client)
+        # No CoreV1Api: building it imports hundreds of typed models (~0.5 s, ~20 MiB)
+        # just to read one Node, which _get_path does with the same client.
+        self.timeouts = timeouts or Timeouts()
+        self._closed = False
+
+    # --- construction ------------------------------------------------------------------
+    @staticmethod
+    def _configuration() -> Any:
+        cfg = kubernetes.client.Configuration()
+        # No urllib3-level retries: ours have backoff and know what is safe to repeat.
+        cfg.retries = 0
+        return cfg
+
+    @classmethod
+    def from_kubeconfig(cls, path: str, *, timeouts: Timeouts | None = None) -> Self:
+        cfg = cls._configuration()
+        try:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, client_configuration=cfg, persist_config=False
+            )
+        except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
+            raise ApiError(f"cannot load kubeconfig {path}: {exc}") from exc
+        cfg.retries = 0
+        return cls(kubernetes.client.ApiClient(cfg), timeouts=timeouts)
+
+    @classmethod
+    def in_cluster(cls, *, timeouts: Timeouts | None = None) -> Self:
+        cfg = cls._configuration()
+        try:
+            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=cfg
+            )
+        except kubernetes.config.ConfigException as exc:
+            raise ApiError(
+                f"no in-cluster API credentials ({exc}); outside a pod set --kubeconfig "
+                "or KUBECONFIG"
+            ) from exc
+        cfg.retries = 0
+        return cls(kubernetes.client.ApiClient(cfg), timeouts=timeouts)
+
+    @classmethod
+    def from_url(cls, url: str, *, token: str = "", timeouts: Timeouts | None = None) -> Self:
+        """Plain connection to `url` (tests and local proxies: `kubectl proxy`)."""
+        cfg = cls._configuration()
+        cfg.host = url.rstrip("/")
+        if token:
+            cfg.api_key = {"authorization": f"Bearer {token}"}
+        return cls(kubernetes.client.ApiClient(cfg), timeouts=timeouts)
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, timeouts: Timeouts | None = None) -> Self:
+        """--kubeconfig / KUBECONFIG (read by config) when given, else the service account."""
+        path = cfg.kubeconfig
+        if path:
+            # KUBECONFIG may be a list of files; the first is the one we read.
+            return cls.from_kubeconfig(path.split(os.pathsep)[0], timeouts=timeouts)
+        return cls.in_cluster(timeouts=timeouts)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await asyncio.to_thread(self._client.close)
+
+    # --- plumbing ----------------------------------------------------------------------
+    @property
+    def _timeout(self) -> tuple[float, float]:
+        return (self.timeouts.connect, self.timeouts.read)
+
+    def _invoke(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Blocking call in a worker thread; returns parsed JSON or raises ours."""
+        try:
+            resp = fn(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
+            data = resp.data
+        except ApiException as exc:
+            raise translate(exc, what) from exc
+        except TRANSPORT_ERRORS as exc:
+            raise translate(exc, what) from exc
+        try:
+            return json.loads(data) if data else {}
+        except ValueError as exc:
+            raise UnavailableError(f"{what}: response is not JSON") from exc
+
+    def _get_path(self, path: str, *, _request_timeout: Any, _preload_content: bool) -> Any:
+        """A plain authenticated GET through the client (for core objects)."""
+        method, url, headers, body, _ = self._client.param_serialize(
+            method="GET",
+            resource_path=path,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self._client.call_api(
+            method, url, header_params=headers, body=body, _request_timeout=_request_timeout
+        )
+        resp.read()
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+        return resp
+
+    async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+        return result
+
+    async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        backoff = Backoff(self.timeouts.backoff_initial, self.timeouts.backoff_max)
+        attempts = max(1, self.timeouts.read_attempts)
+        for attempt in range(1, attempts + 1):
+            try:
+                result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+                return result
+            except UnavailableError as exc:
+                if attempt == attempts:
+                    raise
+                delay = backoff.next()
+                log.debug(
+                    "retrying read what=%r attempt=%d delay=%.2fs error=%s",
+                    what,
+                    attempt,
+                    delay,
+                    exc,
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
