@@ -11,7 +11,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from .rendering import REPO, tool
+from .rendering import REPO, VALUES_DIR, all_of, render, tool
 
 DOCKERFILE = REPO / "Dockerfile"
 EXAMPLES = REPO / "examples"
@@ -171,3 +171,19 @@ def test_smoke_tests_do_what_they_say() -> None:
     template = next(d for d in pair if d["kind"] == "ResourceClaimTemplate")
     (constraint,) = template["spec"]["spec"]["devices"]["constraints"]
     assert constraint["matchAttribute"] == "resource.kubernetes.io/pcieRoot"
+
+
+def test_extended_resource_example_matches_the_chart() -> None:
+    """The pods ask for exactly the names the example's chart settings map to classes."""
+    text = (EXAMPLES / "extended-resource-pods.yaml").read_text()
+    pods = [d for d in yaml.safe_load_all(text) if d]
+    # Unchanged device-plugin pods: limits only, no resourceClaims.
+    assert all(p["kind"] == "Pod" and "resourceClaims" not in p["spec"] for p in pods)
+    asked = {n for p in pods for c in p["spec"]["containers"] for n in c["resources"]["limits"]}
+    values = yaml.safe_load((VALUES_DIR / "extended-resources.yaml").read_text())
+    rendered = all_of(render("extended-resources.yaml"), "DeviceClass")
+    served = {m["spec"]["extendedResourceName"] for m in rendered}
+    assert asked == served == {"gpu.intel.com/i915", "nvidia.com/gpu"}
+    for vendor in ("intel", "nvidia"):
+        name = values[vendor]["deviceClass"]["extendedResourceName"]
+        assert f"--set {vendor}.deviceClass.extendedResourceName={name}" in text
