@@ -17,6 +17,7 @@ from pathlib import Path
 from dra_plugin import gpuhealth, inventory, metrics, server, udev
 from dra_plugin.cdi import CdiOptions
 from dra_plugin.claims import ClaimPreparer
+from dra_plugin.claimstatus import ClaimStatusReporter
 from dra_plugin.config import Config
 from dra_plugin.devices import INTEL, NVIDIA, Device, Health
 from dra_plugin.health import HealthTracker
@@ -151,6 +152,16 @@ async def run(cfg: Config) -> int:
         await preparer.startup()
         preparers[driver] = preparer
     node.set_discovered(inv)
+    # Prepared devices are reported in ResourceClaim.status.devices, after the answer.
+    handlers = {
+        driver: ClaimStatusReporter(
+            preparer,
+            driver=driver,
+            api=api,
+            devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
+        )
+        for driver, preparer in preparers.items()
+    }
 
     # 4. Sockets: DRA service first, then registration.
     servers = [
@@ -158,7 +169,7 @@ async def run(cfg: Config) -> int:
             driver=driver,
             dra_socket=cfg.dra_socket(driver),
             registration_socket=cfg.registration_socket(driver),
-            handler=preparers[driver],
+            handler=handlers[driver],
             health=health,
             health_timeout_seconds=cfg.health_check_timeout_seconds,
         )
@@ -210,6 +221,7 @@ async def run(cfg: Config) -> int:
     for s in servers:
         await s.stop_registration()
     await asyncio.gather(*(s.stop(cfg.shutdown_grace_seconds) for s in servers))
+    await asyncio.gather(*(h.drain(2.0) for h in handlers.values()))
     for m in monitors:
         m.stop()
     for t in tasks:

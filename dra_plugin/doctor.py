@@ -69,6 +69,7 @@ RBAC_NEEDS = (
         for v in ("get", "list", "watch", "create", "update", "delete")
     ),
     ("get", "resourceclaims", "resource.k8s.io"),
+    ("patch", "resourceclaims/status", "resource.k8s.io"),  # device status after prepare
 )
 
 

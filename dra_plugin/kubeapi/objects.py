@@ -150,7 +150,12 @@ class ResourceObjects(ResourceDiscovery):
         name: str = "",
         subresource: str = "",
     ) -> bool:
-        """SelfSubjectAccessReview: may our credentials do `verb` on `resource`?"""
+        """SelfSubjectAccessReview: may our credentials do `verb` on `resource`?
+
+        A subresource is given as `subresource=` or written the RBAC way,
+        "resourceclaims/status"."""
+        if "/" in resource and not subresource:
+            resource, subresource = resource.split("/", 1)
         attrs: dict[str, Any] = {"verb": verb, "resource": resource, "group": group}
         if namespace:
             attrs["namespace"] = namespace
@@ -164,7 +169,8 @@ class ResourceObjects(ResourceDiscovery):
             "spec": {"resourceAttributes": attrs},
         }
         result = await self._write(
-            f"SelfSubjectAccessReview {verb} {resource}.{group}",
+            f"SelfSubjectAccessReview {verb} {resource}{'/' + subresource if subresource else ''}"
+            f".{group}",
             self._custom.create_cluster_custom_object,
             "authorization.k8s.io",
             "v1",

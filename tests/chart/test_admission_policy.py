@@ -9,93 +9,14 @@ cel-python cannot parse, so nothing here is a stand-in for the rendered expressi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-import celpy
 import pytest
-from celpy.adapter import json_to_cel
-from celpy.evaluation import CELEvalError
 
+from .admission import NODE_KEY, Policy, Verdict, named, plugin_user
 from .rendering import NAMESPACE, Manifest, only, render
 
-NODE_KEY = "authentication.kubernetes.io/node-name"
-
-
-@dataclass
-class Verdict:
-    applies: bool
-    allowed: bool
-    message: str = ""
-
-
-class Policy:
-    def __init__(self, manifests: list[Manifest]) -> None:
-        self.manifest = only(manifests, "ValidatingAdmissionPolicy")
-        self.binding = only(manifests, "ValidatingAdmissionPolicyBinding")
-        self.env = celpy.Environment()
-        spec = self.manifest["spec"]
-        self.conditions = [self._compile(c["expression"]) for c in spec["matchConditions"]]
-        self.variables = [(v["name"], self._compile(v["expression"])) for v in spec["variables"]]
-        self.validations = [
-            (
-                self._compile(v["expression"]),
-                self._compile(v["messageExpression"]) if "messageExpression" in v else None,
-                v.get("message", ""),
-            )
-            for v in spec["validations"]
-        ]
-
-    def _compile(self, expression: str) -> Any:
-        return self.env.program(self.env.compile(expression))
-
-    def admit(
-        self, request: dict[str, Any], obj: dict[str, Any] | None, old: dict[str, Any] | None
-    ) -> Verdict:
-        activation: dict[str, Any] = {
-            "request": json_to_cel(request),
-            "object": json_to_cel(obj),
-            "oldObject": json_to_cel(old),
-        }
-        if not all(bool(c.evaluate(activation)) for c in self.conditions):
-            return Verdict(applies=False, allowed=True)
-        variables: dict[str, Any] = {}
-        for name, program in self.variables:
-            activation["variables"] = json_to_cel(variables)
-            value = program.evaluate(activation)
-            assert not isinstance(value, CELEvalError), f"variables.{name}: {value}"
-            variables[name] = str(value)
-        activation["variables"] = json_to_cel(variables)
-        for check, message_expr, message in self.validations:
-            result = check.evaluate(activation)
-            assert not isinstance(result, CELEvalError), result
-            if not bool(result):
-                if message_expr is not None:
-                    message = str(message_expr.evaluate(activation))
-                return Verdict(applies=True, allowed=False, message=message)
-        return Verdict(applies=True, allowed=True)
-
-
-def plugin_user(manifests: list[Manifest], node: str | None) -> dict[str, Any]:
-    sa = only(manifests, "ServiceAccount")["metadata"]
-    user: dict[str, Any] = {
-        "username": f"system:serviceaccount:{sa['namespace']}:{sa['name']}",
-        "uid": "5d3b0c8e-0000-4000-8000-000000000001",
-        "groups": [
-            "system:serviceaccounts",
-            f"system:serviceaccounts:{sa['namespace']}",
-            "system:authenticated",
-        ],
-        "extra": {
-            "authentication.kubernetes.io/credential-id": ["JTI=0f0e0d0c"],
-            "authentication.kubernetes.io/pod-name": ["gpu-dra-plugin-x7k2p"],
-            "authentication.kubernetes.io/pod-uid": ["0b6a3c1e-5f0e-4d5b-9a43-2f1e8d7c6b5a"],
-        },
-    }
-    if node is not None:
-        user["extra"][NODE_KEY] = [node]
-        user["extra"]["authentication.kubernetes.io/node-uid"] = ["7f9e1c2d-node"]
-    return user
+SUFFIX = "-resourceslices"
 
 
 def slice_object(node: str | None, name: str = "mini-1-gpu.intel.com-abcde") -> dict[str, Any]:
@@ -150,12 +71,12 @@ def manifests(request: pytest.FixtureRequest) -> list[Manifest]:
 
 @pytest.fixture(scope="module")
 def policy(manifests: list[Manifest]) -> Policy:
-    return Policy(manifests)
+    return Policy(manifests, SUFFIX)
 
 
 def test_policy_matches_resourceslice_writes(manifests: list[Manifest]) -> None:
-    policy = only(manifests, "ValidatingAdmissionPolicy")
-    binding = only(manifests, "ValidatingAdmissionPolicyBinding")
+    policy = named(manifests, "ValidatingAdmissionPolicy", SUFFIX)
+    binding = named(manifests, "ValidatingAdmissionPolicyBinding", SUFFIX)
     assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert policy["spec"]["failurePolicy"] == "Fail"
     (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
@@ -241,5 +162,5 @@ def test_other_users_are_untouched(policy: Policy, username: str, operation: str
 def test_policy_names_the_release_service_account(manifests: list[Manifest]) -> None:
     sa = only(manifests, "ServiceAccount")["metadata"]
     assert sa["namespace"] == NAMESPACE
-    (condition,) = only(manifests, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]
+    (condition,) = named(manifests, "ValidatingAdmissionPolicy", SUFFIX)["spec"]["matchConditions"]
     assert f'"system:serviceaccount:{NAMESPACE}:{sa["name"]}"' in condition["expression"]

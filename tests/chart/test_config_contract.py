@@ -144,6 +144,8 @@ def test_rbac_is_exactly_what_the_plugin_needs(rendered: list[Manifest]) -> None
         [
             (("",), ("nodes",), ("get",)),
             (("resource.k8s.io",), ("resourceclaims",), ("get",)),
+            # Device status (KEP-4817): server-side apply is a patch.
+            (("resource.k8s.io",), ("resourceclaims/status",), ("patch",)),
             (
                 ("resource.k8s.io",),
                 ("resourceslices",),

@@ -71,7 +71,8 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     if values["namespace"]["create"]:
         expected.append("Namespace")
     if values["admissionPolicy"]["enabled"]:
-        expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+        # One for ResourceSlice writes, one for ResourceClaim status writes.
+        expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
     for vendor in ("intel", "nvidia"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
@@ -95,7 +96,42 @@ def test_device_classes_select_their_driver(
         assert dc["spec"]["selectors"] == [
             {"cel": {"expression": f'device.driver == "{v["driverName"]}"'}}
         ]
+        # Off unless asked for: the API server would map pods' extended resources to it.
+        extended = v["deviceClass"].get("extendedResourceName")
+        assert dc["spec"].get("extendedResourceName") == (extended or None)
     assert not classes
+
+
+def test_extended_resource_names() -> None:
+    """KEP-5004: pods written for the device plugins get these classes' devices."""
+    classes = {
+        m["metadata"]["name"]: m for m in all_of(render("extended-resources.yaml"), "DeviceClass")
+    }
+    assert classes["gpu.intel.com"]["spec"]["extendedResourceName"] == "gpu.intel.com/i915"
+    assert classes["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert all("extendedResourceName" not in m["spec"] for m in all_of(render(None), "DeviceClass"))
+    # The field is in every schema the chart is validated against.
+    for version in SCHEMA_VERSIONS:
+        dc = dict(classes["gpu.intel.com"])
+        kubernetes_validate.validate(dc, version, strict=True)
+        dc["spec"] = {**dc["spec"], "extendedResourceNames": "x/y"}
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(dc, version, strict=True)
+    # The API server's format rules, enforced before anything reaches it.
+    for bad in ("i915", "gpu.intel.com/", "Gpu.Intel.com/i915", "gpu.intel.com/-i915"):
+        proc = run_helm(
+            *template_args(None, "--set", f"intel.deviceClass.extendedResourceName={bad}"),
+            check=False,
+        )
+        assert proc.returncode != 0, f"{bad!r} was accepted"
+    for sets, message in {
+        "intel.deviceClass.extendedResourceName=requests.example.com/gpu": "requests.",
+        "intel.deviceClass.extendedResourceName=kubernetes.io/gpu": "kubernetes.io domain",
+        "intel.deviceClass.extendedResourceName=example.com/gpu,"
+        "nvidia.deviceClass.extendedResourceName=example.com/gpu": "must be unique",
+    }.items():
+        proc = run_helm(*template_args(None, "--set", sets), check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr)
 
 
 def test_namespace_is_privileged_when_created() -> None:

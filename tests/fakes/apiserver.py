@@ -1111,7 +1111,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path == _SSAR and method == "POST":
             self._count("create", "selfsubjectaccessreviews")
             attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
-            key = (attrs.get("verb", ""), attrs.get("group", ""), attrs.get("resource", ""))
+            resource = attrs.get("resource", "")
+            if attrs.get("subresource"):
+                resource += "/" + attrs["subresource"]
+            key = (attrs.get("verb", ""), attrs.get("group", ""), resource)
             allowed = st.allow is None or key in st.allow or ("*", key[1], key[2]) in st.allow
             result = dict(body)
             result["status"] = {"allowed": allowed}

@@ -220,16 +220,22 @@ def test_connection_refused_is_unavailable(server: FakeAPIServer) -> None:
 
 
 def test_can_i(server: FakeAPIServer) -> None:
-    server.allow = {("list", "resource.k8s.io", "resourceslices")}
+    server.allow = {
+        ("list", "resource.k8s.io", "resourceslices"),
+        ("patch", "resource.k8s.io", "resourceclaims/status"),
+    }
 
-    async def go() -> tuple[bool, bool]:
+    async def go() -> tuple[bool, ...]:
         api = api_for(server)
         return (
             await api.can_i("list", "resourceslices", "resource.k8s.io"),
             await api.can_i("delete", "nodes"),
+            await api.can_i("patch", "resourceclaims/status", "resource.k8s.io"),
+            await api.can_i("patch", "resourceclaims", "resource.k8s.io", subresource="status"),
+            await api.can_i("patch", "resourceclaims", "resource.k8s.io"),
         )
 
-    assert run(go()) == (True, False)
+    assert run(go()) == (True, False, True, True, False)
 
 
 def test_watch_events_and_expiry(server: FakeAPIServer) -> None:

@@ -424,6 +424,7 @@ FAST = Timeouts(connect=1.0, read=5.0, read_attempts=1)
 EVERYTHING = {
     ("get", "", "nodes"),
     ("get", "resource.k8s.io", "resourceclaims"),
+    ("patch", "resource.k8s.io", "resourceclaims/status"),
     ("*", "resource.k8s.io", "resourceslices"),
 }
 
@@ -475,7 +476,7 @@ def test_rbac_missing_verbs_fail(host: HostRoot) -> None:
     assert f.status is Status.FAIL
     assert f.found == (
         "not allowed: list resourceslices, watch resourceslices, create resourceslices, "
-        "update resourceslices, delete resourceslices"
+        "update resourceslices, delete resourceslices, patch resourceclaims/status"
     )
     assert "ClusterRoleBinding" in f.action
 

@@ -107,3 +107,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail "shutdownGraceSeconds must be below terminationGracePeriodSeconds" }}
 {{- end }}
 {{- end }}
+
+{{/* JSON list of the enabled vendors' DRA driver names (the admission policy's CEL). Every
+vendor section of values.yaml with `enabled` and `driverName` counts. */}}
+{{- define "dra-plugin.driverNames" -}}
+{{- $names := list }}
+{{- range $key := list "intel" "nvidia" "amd" }}
+{{- $v := index $.Values $key }}
+{{- if and $v (kindIs "map" $v) $v.enabled $v.driverName }}
+{{- $names = append $names $v.driverName }}
+{{- end }}
+{{- end }}
+{{- toJson $names }}
+{{- end }}

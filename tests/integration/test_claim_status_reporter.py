@@ -1,0 +1,79 @@
+"""ClaimStatusReporter around the real ClaimPreparer, with the real client against the
+fake API server: what is written, when it is not written again, and failure counting."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from dra_plugin import metrics
+from dra_plugin.claims import ClaimPreparer
+from dra_plugin.claimstatus import ClaimStatusReporter
+from dra_plugin.kubeapi import KubeAPI, Timeouts
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
+
+FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01, backoff_max=0.05)
+DEV = intel_device(0)
+
+
+def _failures() -> float:
+    for line in metrics.render().decode().splitlines():
+        labels = ('operation="status"', f'driver="{DRIVER}"')
+        if line.startswith("dra_plugin_claim_errors_total{") and all(x in line for x in labels):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
+    with FakeAPIServer(versions=("v1",)) as srv:
+        first = srv.add_claim(claim(1, [result(DEV.name)]))
+        second = srv.add_claim(claim(2, [result(DEV.name, adminAccess=True)]))
+
+        async def go() -> ClaimStatusReporter:
+            api = KubeAPI.from_url(srv.url, timeouts=FAST)
+            for sub in ("state", "cdi"):
+                (tmp_path / sub).mkdir()
+            inner = ClaimPreparer(
+                driver=DRIVER,
+                node_name=NODE,
+                state_dir=tmp_path / "state",
+                cdi_root=tmp_path / "cdi",
+                fetch_claim=api.get_claim,
+                devices=lambda: {DEV.name: DEV},
+                boot_id=lambda: "boot-1",
+            )
+            await inner.startup()
+            reporter = ClaimStatusReporter(
+                inner, driver=DRIVER, api=api, devices=lambda: {DEV.name: DEV}
+            )
+            assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
+            await reporter.drain(10)
+            assert srv.count("patch", "resourceclaims/status") == 1
+            # The kubelet repeats the call (idempotent): nothing new to say, nothing sent.
+            await reporter.prepare([ref(first)])
+            await reporter.drain(10)
+            assert srv.count("patch", "resourceclaims/status") == 1
+            # After an unprepare the claim is new again.
+            assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
+            await reporter.prepare([ref(first)])
+            await reporter.drain(10)
+            assert srv.count("patch", "resourceclaims/status") == 2
+            # A refused write is counted, and the next prepare of it tries again.
+            srv.forbidden = {("patch", "resourceclaims/status")}
+            before = _failures()
+            assert not (await reporter.prepare([ref(second)]))[ref(second).uid].error
+            await reporter.drain(10)
+            assert (reporter.failures, _failures()) == (1, before + 1)
+            srv.forbidden = set()
+            await reporter.prepare([ref(second)])
+            await reporter.drain(10)
+            await api.close()
+            return reporter
+
+        reporter = asyncio.run(go())
+        assert (reporter.writes, reporter.failures) == (3, 1)
+        for obj in (first, second):
+            (entry,) = srv.get_stored_claim("default", obj["metadata"]["name"])["status"]["devices"]
+            assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, DEV.name)
+            assert entry["data"] == {"pciBusID": "0000:00:00.0", "model": "Arc A770"}

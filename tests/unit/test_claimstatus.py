@@ -1,0 +1,54 @@
+"""status_entries: the pure part of the claim status report."""
+
+from __future__ import annotations
+
+from dra_plugin.claims import PreparedDevice
+from dra_plugin.claimstatus import device_data, status_entries
+from tests.fakes.claim_harness import NODE, intel_device, nvidia_device
+
+NOW = "2026-01-02T03:04:05Z"
+SHARE = "0f5c3b0e-8a8a-4d7e-9a55-0d7f7c1f0003"
+
+
+def test_one_entry_per_device_and_share() -> None:
+    intel, nv = intel_device(3), nvidia_device(1)
+    devices = {intel.name: intel, nv.name: nv}
+    prepared = [
+        PreparedDevice(("a",), NODE, intel.name, ("x",)),
+        PreparedDevice(("b",), NODE, intel.name, ("x",)),  # same device, second request
+        PreparedDevice(("c",), NODE, nv.name, ("y",), share_id=SHARE),
+        PreparedDevice(("d",), NODE, nv.name, ("y",)),  # whole device beside a share
+        PreparedDevice(("e",), NODE, "gone-device", ("z",)),
+    ]
+    entries = status_entries("gpu.example.com", prepared, devices, NOW)
+    keys = [(e["device"], e.get("shareID")) for e in entries]
+    assert keys == [(intel.name, None), (nv.name, SHARE), (nv.name, None), ("gone-device", None)]
+    assert all(e["driver"] == "gpu.example.com" and e["pool"] == NODE for e in entries)
+    assert entries[0]["data"] == {"pciBusID": "0000:03:00.0", "model": "Arc A770"}
+    assert entries[1]["data"] == {
+        "uuid": "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd",
+        "model": "NVIDIA H200",
+    }
+    assert "data" not in entries[3]  # nothing known about it: no empty object
+    assert entries[0]["conditions"] == [
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Prepared",
+            "message": "CDI spec written; the device is ready for the pod's containers",
+            "lastTransitionTime": NOW,
+        }
+    ]
+
+
+def test_device_data_prefers_the_published_bus_id() -> None:
+    dev = intel_device(2)
+    assert device_data(None) == {}
+    published = type(dev)(
+        **{
+            **dev.__dict__,
+            "attributes": (("resource.kubernetes.io/pciBusID", "0000:02:00.0"),),
+            "pci_address": None,
+        }
+    )
+    assert device_data(published) == {"pciBusID": "0000:02:00.0"}
