@@ -6,7 +6,8 @@ servicers cannot tell the difference). After a prepare has answered, it writes o
 set, a `Ready` condition, and `data` with the device's identity (PCI bus ID, UUID,
 model), so `kubectl get resourceclaim -o yaml` shows which GPU a pod got.
 
-The write runs in the background and never changes the kubelet's answer: a failure
+The write runs in the background, when no prepare is running (see PrepareActivity), and
+never changes the kubelet's answer: a failure
 (RBAC, an old API server, a claim gone meanwhile) is logged and counted
 (`dra_plugin_claim_errors_total{operation="status"}`) and the prepare still succeeds.
 It is a server-side apply with the driver name as field manager (see
@@ -19,8 +20,9 @@ unprepare must work without the API).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -31,7 +33,7 @@ from dra_plugin.kubeapi import ApiError
 
 log = logging.getLogger(__name__)
 
-WRITE_CONCURRENCY = 4
+WRITE_CONCURRENCY = 2  # each write holds a worker thread; prepare needs them more
 READY_REASON = "Prepared"
 Entry = dict[str, Any]
 
@@ -107,8 +109,35 @@ def _without_times(entries: list[Entry]) -> list[Entry]:
     ]
 
 
+class PrepareActivity:
+    """Prepare calls in flight (across drivers): status writes wait for a quiet moment, so
+    a burst of kubelet calls does not share threads and the GIL with API writes."""
+
+    def __init__(self) -> None:
+        self._running = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        self._running += 1
+        self.idle.clear()
+        try:
+            yield
+        finally:
+            self._running -= 1
+            if not self._running:
+                self.idle.set()
+
+
 class ClaimStatusReporter:
-    """A ClaimHandler that adds status writes to another one's prepare."""
+    """A ClaimHandler that adds status writes to another one's prepare.
+
+    Writes are queued per claim UID and sent by one background task once no prepare is
+    running (or after `max_defer` seconds, so a busy kubelet cannot starve them); an
+    unprepare drops the claim's queued write, whose entries the API server would drop
+    on deallocation anyway.
+    """
 
     def __init__(
         self,
@@ -117,21 +146,30 @@ class ClaimStatusReporter:
         driver: str,
         api: StatusAPI,
         devices: Callable[[], Mapping[str, Device]],
+        activity: PrepareActivity | None = None,
+        max_defer: float = 2.0,
         now: Callable[[], str] | None = None,
     ) -> None:
         self._inner = inner
         self.driver = driver
         self._api = api
         self._devices = devices
+        self._activity = activity or PrepareActivity()
+        self._max_defer = max_defer
         self._now = now or (lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         self._gate = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._written: dict[str, list[Entry]] = {}  # uid -> entries (no times) applied
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._pending: dict[str, tuple[ClaimRef, list[Entry]]] = {}
+        self._wake = asyncio.Event()
+        self._done = asyncio.Event()
+        self._done.set()
+        self._worker: asyncio.Task[None] | None = None
         self.writes = 0
         self.failures = 0
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        results = await self._inner.prepare(claims)
+        with self._activity.busy():
+            results = await self._inner.prepare(claims)
         devices = self._devices()
         for ref in claims:
             res = results.get(ref.uid)
@@ -140,10 +178,13 @@ class ClaimStatusReporter:
             entries = status_entries(self.driver, res.devices, devices, self._now())
             if self._written.get(ref.uid) == _without_times(entries):
                 continue
+            self._pending[ref.uid] = (ref, entries)
+        if self._pending:
             # After the answer: the kubelet's call never waits for the API.
-            task = asyncio.create_task(self._write(ref, entries), name=f"claim-status-{ref.uid}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._done.clear()
+            self._wake.set()
+            if self._worker is None or self._worker.done():
+                self._worker = asyncio.create_task(self._run(), name=f"claim-status-{self.driver}")
         return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -151,7 +192,23 @@ class ClaimStatusReporter:
         for ref in claims:
             if not results.get(ref.uid):
                 self._written.pop(ref.uid, None)
+                self._pending.pop(ref.uid, None)
         return results
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # The kubelet's calls go first; a steady stream of them delays writes only so long.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._activity.idle.wait(), self._max_defer)
+            batch = list(self._pending.values())
+            self._pending.clear()
+            await asyncio.gather(*(self._write(ref, entries) for ref, entries in batch))
+            if self._pending:
+                self._wake.set()
+            else:
+                self._done.set()
 
     async def _write(self, ref: ClaimRef, entries: list[Entry]) -> None:
         async with self._gate:
@@ -176,11 +233,18 @@ class ClaimStatusReporter:
                 ",".join(e["device"] for e in entries),
             )
 
-    async def drain(self, timeout: float) -> None:
-        """Let in-flight status writes finish (shutdown), cancelling them after `timeout`."""
-        pending = set(self._tasks)
-        if not pending:
-            return
-        _, late = await asyncio.wait(pending, timeout=timeout)
-        for task in late:
-            task.cancel()
+    async def flush(self, timeout: float) -> bool:
+        """Wait until every queued write is done; False if `timeout` came first."""
+        try:
+            await asyncio.wait_for(self._done.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the background writer (shutdown; call flush first to let writes finish)."""
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+            self._worker = None

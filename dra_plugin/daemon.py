@@ -17,7 +17,7 @@ from pathlib import Path
 from dra_plugin import gpuhealth, inventory, metrics, server, udev
 from dra_plugin.cdi import CdiOptions
 from dra_plugin.claims import ClaimPreparer
-from dra_plugin.claimstatus import ClaimStatusReporter
+from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
 from dra_plugin.devices import INTEL, NVIDIA, Device, Health
 from dra_plugin.health import HealthTracker
@@ -152,13 +152,16 @@ async def run(cfg: Config) -> int:
         await preparer.startup()
         preparers[driver] = preparer
     node.set_discovered(inv)
-    # Prepared devices are reported in ResourceClaim.status.devices, after the answer.
+    # Prepared devices are reported in ResourceClaim.status.devices, after the answer and
+    # once no driver is preparing.
+    activity = PrepareActivity()
     handlers = {
         driver: ClaimStatusReporter(
             preparer,
             driver=driver,
             api=api,
             devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
+            activity=activity,
         )
         for driver, preparer in preparers.items()
     }
@@ -221,7 +224,8 @@ async def run(cfg: Config) -> int:
     for s in servers:
         await s.stop_registration()
     await asyncio.gather(*(s.stop(cfg.shutdown_grace_seconds) for s in servers))
-    await asyncio.gather(*(h.drain(2.0) for h in handlers.values()))
+    await asyncio.gather(*(h.flush(2.0) for h in handlers.values()))
+    await asyncio.gather(*(h.close() for h in handlers.values()))
     for m in monitors:
         m.stop()
     for t in tasks:

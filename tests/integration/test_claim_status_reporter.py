@@ -8,7 +8,7 @@ from pathlib import Path
 
 from dra_plugin import metrics
 from dra_plugin.claims import ClaimPreparer
-from dra_plugin.claimstatus import ClaimStatusReporter
+from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
@@ -44,30 +44,46 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
                 boot_id=lambda: "boot-1",
             )
             await inner.startup()
+            activity = PrepareActivity()
             reporter = ClaimStatusReporter(
-                inner, driver=DRIVER, api=api, devices=lambda: {DEV.name: DEV}
+                inner,
+                driver=DRIVER,
+                api=api,
+                devices=lambda: {DEV.name: DEV},
+                activity=activity,
+                max_defer=60,
             )
+            # While another prepare runs (any driver), writes wait; an unprepare in the
+            # meantime drops the claim's queued write.
+            with activity.busy():
+                assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
+                await asyncio.sleep(0.3)  # room for a write that should not happen
+                assert srv.count("patch", "resourceclaims/status") == 0
+                assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
+            assert await reporter.flush(10)
+            assert srv.count("patch", "resourceclaims/status") == 0
             assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
-            await reporter.drain(10)
+            assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 1
             # The kubelet repeats the call (idempotent): nothing new to say, nothing sent.
             await reporter.prepare([ref(first)])
-            await reporter.drain(10)
+            assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 1
             # After an unprepare the claim is new again.
             assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
             await reporter.prepare([ref(first)])
-            await reporter.drain(10)
+            assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 2
             # A refused write is counted, and the next prepare of it tries again.
             srv.forbidden = {("patch", "resourceclaims/status")}
             before = _failures()
             assert not (await reporter.prepare([ref(second)]))[ref(second).uid].error
-            await reporter.drain(10)
+            assert await reporter.flush(10)
             assert (reporter.failures, _failures()) == (1, before + 1)
             srv.forbidden = set()
             await reporter.prepare([ref(second)])
-            await reporter.drain(10)
+            assert await reporter.flush(10)
+            await reporter.close()
             await api.close()
             return reporter
 
