@@ -101,7 +101,10 @@ def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: 
         (ready,) = entry["conditions"]
         assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "True", "Prepared")
     # What was stored is a valid ResourceClaim for the API's own schema.
-    kubernetes_validate.validate(cluster.api.get_stored_claim("default", "mixed"), "1.35.0", True)
+    for version in ("1.34.0", "1.35.0", "1.37.0"):
+        kubernetes_validate.validate(
+            cluster.api.get_stored_claim("default", "mixed"), version, True
+        )
     kubelet.close()
     assert daemon.terminate() == 0
 

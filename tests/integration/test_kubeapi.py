@@ -351,7 +351,11 @@ def _entry(driver: str, device: str, **extra: Any) -> dict[str, Any]:
     return {"driver": driver, "pool": "mini-1", "device": device, **extra}
 
 
-def test_apply_claim_device_status_keeps_other_drivers_entries(server: FakeAPIServer) -> None:
+@pytest.mark.parametrize("served", ["v1", "v1beta1"])
+def test_apply_claim_device_status_keeps_other_drivers_entries(
+    server: FakeAPIServer, served: str
+) -> None:
+    server.versions = (served,)
     stored = server.add_claim(_two_driver_claim())
     uid = stored["metadata"]["uid"]
 
