@@ -204,7 +204,16 @@ class ClaimStatusReporter:
                 await asyncio.wait_for(self._activity.idle.wait(), self._max_defer)
             batch = list(self._pending.values())
             self._pending.clear()
-            await asyncio.gather(*(self._write(ref, entries) for ref, entries in batch))
+            outcomes = await asyncio.gather(
+                *(self._write(ref, entries) for ref, entries in batch), return_exceptions=True
+            )
+            for (ref, _), outcome in zip(batch, outcomes, strict=True):
+                # API errors are handled in _write; anything else is a bug, but the
+                # writer (and the daemon) keeps going.
+                if isinstance(outcome, Exception):
+                    self.failures += 1
+                    metrics.claim_error(self.driver, "status")
+                    log.error("%s: status.devices write crashed: %r", ref, outcome)
             if self._pending:
                 self._wake.set()
             else:

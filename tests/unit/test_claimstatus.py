@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from dra_plugin.claims import PreparedDevice
-from dra_plugin.claimstatus import device_data, status_entries
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_plugin.claims import ClaimRef, PreparedDevice, PrepareResult
+from dra_plugin.claimstatus import ClaimStatusReporter, device_data, status_entries
 from tests.fakes.claim_harness import NODE, intel_device, nvidia_device
 
 NOW = "2026-01-02T03:04:05Z"
@@ -52,3 +56,55 @@ def test_device_data_prefers_the_published_bus_id() -> None:
         }
     )
     assert device_data(published) == {"pciBusID": "0000:02:00.0"}
+
+
+class _Inner:
+    """A ClaimHandler that prepares every claim onto one device."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+        dev = PreparedDevice(("gpu",), NODE, self.device, ("x",))
+        return {c.uid: PrepareResult(devices=(dev,)) for c in claims}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+        return {c.uid: "" for c in claims}
+
+
+class _BuggyApi:
+    """Raises something that is not an ApiError once (a bug), then records calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[dict[str, Any]]]] = []
+        self.crash = True
+
+    async def apply_claim_device_status(
+        self, namespace: str, name: str, uid: str, devices: list[dict[str, Any]], **kw: Any
+    ) -> Mapping[str, Any]:
+        if self.crash:
+            self.crash = False
+            raise RuntimeError("a bug")
+        self.calls.append((uid, devices))
+        return {}
+
+
+def test_an_unexpected_error_does_not_stop_the_writer() -> None:
+    dev = intel_device(1)
+    api = _BuggyApi()
+
+    async def go() -> ClaimStatusReporter:
+        reporter = ClaimStatusReporter(
+            _Inner(dev.name), driver="gpu.intel.com", api=api, devices=lambda: {dev.name: dev}
+        )
+        first, second = ClaimRef("default", "u1", "a"), ClaimRef("default", "u2", "b")
+        await reporter.prepare([first])
+        assert await reporter.flush(5)
+        await reporter.prepare([first, second])  # the failed one is tried again
+        assert await reporter.flush(5)
+        await reporter.close()
+        return reporter
+
+    reporter = asyncio.run(go())
+    assert (reporter.failures, reporter.writes) == (1, 2)
+    assert sorted(uid for uid, _ in api.calls) == ["u1", "u2"]
