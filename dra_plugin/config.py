@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_plugin.devices import INTEL, NVIDIA, is_dns_subdomain, valid_driver_name
+from dra_plugin.devices import AMD, INTEL, NVIDIA, VENDOR_ORDER, is_dns_subdomain, valid_driver_name
 
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 CDI_STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
@@ -34,6 +34,8 @@ class Config:
     vendors: tuple[str, ...] = (INTEL, NVIDIA)
     intel_driver_name: str = "gpu.intel.com"
     nvidia_driver_name: str = "gpu.nvidia.com"
+    amd_driver_name: str = "gpu.amd.com"
+    amd_ras_poll_seconds: float = 10.0
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/cdi/dynamic")
@@ -61,7 +63,11 @@ class Config:
     @property
     def drivers(self) -> dict[str, str]:
         """Enabled vendor -> DRA driver name."""
-        names = {INTEL: self.intel_driver_name, NVIDIA: self.nvidia_driver_name}
+        names = {
+            INTEL: self.intel_driver_name,
+            NVIDIA: self.nvidia_driver_name,
+            AMD: self.amd_driver_name,
+        }
         return {v: names[v] for v in self.vendors}
 
     def plugin_dir(self, driver: str) -> Path:
@@ -88,7 +94,10 @@ class _Opt:
 _COMMON = (
     _Opt("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", ""),
     _Opt(
-        "--vendors", "VENDORS", "comma-separated vendors to enable (intel,nvidia)", "intel,nvidia"
+        "--vendors",
+        "VENDORS",
+        "comma-separated vendors to enable (intel,nvidia,amd)",
+        "intel,nvidia",
     ),
     _Opt(
         "--intel-driver-name",
@@ -101,6 +110,12 @@ _COMMON = (
         "NVIDIA_DRIVER_NAME",
         "DRA driver name for NVIDIA GPUs",
         "gpu.nvidia.com",
+    ),
+    _Opt(
+        "--amd-driver-name",
+        "AMD_DRIVER_NAME",
+        "DRA driver name for AMD GPUs",
+        "gpu.amd.com",
     ),
     _Opt(
         "--nvidia-driver-root",
@@ -170,6 +185,12 @@ _RUN = (
         TAINT_EFFECTS,
     ),
     _Opt(
+        "--amd-ras-poll-seconds",
+        "AMD_RAS_POLL_SECONDS",
+        "how often AMD RAS error counters are read (0 disables)",
+        "10",
+    ),
+    _Opt(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
@@ -195,7 +216,7 @@ def all_options() -> dict[str, str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dra-plugin",
-        description="Kubernetes DRA kubelet plugin for Intel and NVIDIA GPUs. "
+        description="Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs. "
         "Every flag can also be set by the environment variable shown in brackets.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,17 +277,24 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         raise ConfigError(f"node name {node_name!r} is not a lowercase DNS subdomain")
 
     vendors = _split(raw["vendors"].lower())
-    unknown = [v for v in vendors if v not in (INTEL, NVIDIA)]
+    unknown = [v for v in vendors if v not in VENDOR_ORDER]
     if unknown or not vendors:
-        raise ConfigError(f"VENDORS={raw['vendors']!r}: use a comma list of 'intel' and 'nvidia'")
-    for key in ("intel_driver_name", "nvidia_driver_name"):
+        raise ConfigError(
+            f"VENDORS={raw['vendors']!r}: use a comma list of 'intel', 'nvidia' and 'amd'"
+        )
+    vendors = tuple(dict.fromkeys(vendors))
+    for key in ("intel_driver_name", "nvidia_driver_name", "amd_driver_name"):
         if not valid_driver_name(raw[key]):
             raise ConfigError(
                 f"{key.upper()}={raw[key]!r} is not a lowercase DNS subdomain of "
                 "at most 63 characters"
             )
-    if raw["intel_driver_name"] == raw["nvidia_driver_name"] and len(vendors) == 2:
-        raise ConfigError("the Intel and NVIDIA driver names must differ")
+    enabled = {v: raw[f"{v}_driver_name"] for v in vendors}
+    if len(set(enabled.values())) < len(enabled):
+        raise ConfigError(
+            "the enabled vendors' driver names must differ: "
+            + ", ".join(f"{v}={n}" for v, n in enabled.items())
+        )
 
     pod_uid = raw["pod_uid"]
     if pod_uid and not all(c.isalnum() or c == "-" for c in pod_uid):
@@ -295,6 +323,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         vendors=vendors,
         intel_driver_name=raw["intel_driver_name"],
         nvidia_driver_name=raw["nvidia_driver_name"],
+        amd_driver_name=raw["amd_driver_name"],
+        amd_ras_poll_seconds=float(
+            _number("AMD_RAS_POLL_SECONDS", raw["amd_ras_poll_seconds"], float, 0)
+        ),
         registrar_dir=Path(raw["kubelet_registrar_directory_path"]),
         plugins_dir=Path(raw["kubelet_plugins_directory_path"]),
         cdi_root=Path(raw["cdi_root"]),

@@ -14,12 +14,12 @@ import logging
 import signal
 from pathlib import Path
 
-from dra_plugin import gpuhealth, inventory, metrics, server, udev
+from dra_plugin import gpuhealth, hotplug, inventory, metrics, ras_watch, server, udev
 from dra_plugin.cdi import CdiOptions
 from dra_plugin.claims import ClaimPreparer
 from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
-from dra_plugin.devices import INTEL, NVIDIA, Device, Health
+from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, Health
 from dra_plugin.health import HealthTracker
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.publisher import SlicePublisher
@@ -184,9 +184,20 @@ async def run(cfg: Config) -> int:
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
     tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
-    monitors: list[udev.DrmMonitor | gpuhealth.NvmlHealthMonitor] = []
-    if INTEL in cfg.vendors:
-        monitors.append(udev.DrmMonitor(lambda: loop.call_soon_threadsafe(node.request_rescan)))
+    monitors: list[hotplug.DrmMonitor | gpuhealth.NvmlHealthMonitor | ras_watch.RasWatcher] = []
+
+    def rescan() -> None:
+        loop.call_soon_threadsafe(node.request_rescan)
+
+    if INTEL in cfg.vendors or AMD in cfg.vendors:
+        monitors.append(hotplug.DrmMonitor(rescan))
+    if AMD in cfg.vendors:
+        amd_driver = cfg.amd_driver_name
+
+        def amd_gpus() -> set[str]:
+            return {d.pci_address for d in node.published.get(amd_driver, ()) if d.pci_address}
+
+        monitors.append(ras_watch.RasWatcher(amd_gpus, rescan, cfg.amd_ras_poll_seconds))
     if NVIDIA in cfg.vendors and node.published.get(cfg.nvidia_driver_name):
         nv_driver = cfg.nvidia_driver_name
 

@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 
 INTEL = "intel"
 NVIDIA = "nvidia"
+AMD = "amd"
+VENDOR_ORDER = (INTEL, NVIDIA, AMD)
 
 # Qualified attribute names shared with other drivers (and their CEL selectors).
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA_NODE = "resource.kubernetes.io/numaNode"  # KEP-6072; only published when >= 0
 
 MAX_STRING_ATTRIBUTE = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -135,6 +138,8 @@ class Device:
     uuid: str | None = None
     health: Health = Health.HEALTHY
     health_reason: str = ""
+    # Nodes a container needs once however many of these devices it gets (AMD: /dev/kfd).
+    shared_nodes: tuple[DeviceNode, ...] = ()
     # Vendor details the renderers need but that are not published (e.g. NVIDIA minor).
     extra: tuple[tuple[str, str], ...] = field(default=(), compare=True)
 
@@ -168,6 +173,7 @@ def make_device(
     health: Health = Health.HEALTHY,
     health_reason: str = "",
     extra: Mapping[str, str] | None = None,
+    shared_nodes: Iterable[DeviceNode] = (),
 ) -> Device:
     """Build a Device, dropping attributes/capacities whose value is unknown (None)."""
     return Device(
@@ -181,6 +187,7 @@ def make_device(
         uuid=uuid,
         health=health,
         health_reason=health_reason,
+        shared_nodes=tuple(shared_nodes),
         extra=tuple(sorted((extra or {}).items())),
     )
 

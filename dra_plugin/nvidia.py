@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dra_plugin.devices import (
+    MAX_ATTRIBUTES_AND_CAPACITIES,
+    NUMA_NODE,
     NVIDIA,
     PCI_BUS_ID,
     PCIE_ROOT,
@@ -254,3 +256,28 @@ def _proc_major(proc_root: Path, driver: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def with_numa_nodes(devices: Iterable[Device], sysfs_root: Path) -> list[Device]:
+    """Add resource.kubernetes.io/numaNode from `<sysfs>/bus/pci/devices/<bus id>/numa_node`.
+
+    NVML's own NUMA call needs a newer driver than we require; sysfs has it on every
+    kernel. -1 (no affinity) and unreadable files add nothing.
+    """
+    out = []
+    for d in devices:
+        numa = _numa_node(sysfs_root, d.pci_address) if d.pci_address else None
+        if numa is not None and len(d.attributes) + len(d.capacity) < MAX_ATTRIBUTES_AND_CAPACITIES:
+            d = replace(d, attributes=(*d.attributes, (NUMA_NODE, numa)))
+        out.append(d)
+    return out
+
+
+def _numa_node(sysfs_root: Path, bus: str) -> int | None:
+    if "/" in bus or bus.startswith("."):
+        return None  # a bus id is never a path; refuse to build one from it
+    try:
+        value = int((sysfs_root / "bus" / "pci" / "devices" / bus / "numa_node").read_text())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None

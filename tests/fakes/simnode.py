@@ -33,6 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tests.fakes import amdsim
+from tests.fakes.amdsim import AmdBoard
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
 
@@ -100,6 +103,7 @@ class SimCard:
     vfs: tuple[str, ...] = ()  # VF addresses (virtfnN links), PF side
     physfn: str | None = None  # PF address, VF side
     by_path: bool = True
+    amd: AmdBoard | None = None  # what amdgpu adds (tests/fakes/amdsim.py)
 
     @property
     def devpath(self) -> str:
@@ -123,6 +127,7 @@ class SimCard:
 _ARC_SWITCH = ("0000:00:01.0", "0000:01:00.0", "0000:02:01.0")  # dGPU behind its own switch
 _GEN4_X8 = ("16.0 GT/s PCIe", 8, "16.0 GT/s PCIe", 8)
 _GEN4_X16 = ("16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16)
+_GEN5_X16 = ("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16)
 
 CARDS: dict[str, SimCard] = {
     c.key: c
@@ -170,9 +175,30 @@ CARDS: dict[str, SimCard] = {
             link=_GEN4_X16,
         ),
         SimCard("unbound", "0000:05:00.0", "0x56a5", None, bridges=("0000:00:1c.4",)),
+        # Radeon RX 7900 XTX (Navi 31) behind its on-board switch, 24 GiB, no partitions.
         SimCard(
             "amd", "0000:09:00.0", "0x744c", "amdgpu", vendor_id="0x1002",
-            bridges=("0000:00:07.0",), card=8, link=_GEN4_X16,
+            bridges=("0000:00:07.0", "0000:07:00.0", "0000:08:00.0"), card=8, link=_GEN4_X16,
+            amd=AmdBoard("0xc8", 24 * GiB, simd_count=192, simd_per_cu=2),
+        ),
+        # Ryzen 7040 (Phoenix) iGPU, Radeon 780M: 512 MiB UMA carve-out.
+        SimCard(
+            "amd-apu", "0000:c1:00.0", "0x15bf", "amdgpu", vendor_id="0x1002",
+            bridges=("0000:00:08.1",), card=9, link=_GEN4_X16,
+            amd=AmdBoard("0xc1", 512 << 20, simd_count=24, simd_per_cu=2),
+        ),
+        # Instinct MI300X OAM (a processing accelerator, class 0x12) in CPX/NPS4: eight
+        # partitions, seven of them on amdgpu_xcp platform devices; RAS counters present.
+        SimCard(
+            "amd-mi300x", "0000:1b:00.0", "0x74a1", "amdgpu", vendor_id="0x1002",
+            root="pci0000:15", bridges=("0000:15:01.0", "0000:19:00.0", "0000:1a:00.0"),
+            card=10, class_id="0x120000", numa_node=0, link=_GEN5_X16,
+            amd=AmdBoard(
+                "0x00", 192 * GiB, simd_count=152, simd_per_cu=4,
+                product_name="AMD Instinct MI300X OAM",
+                partitions=("CPX", "SPX, DPX, QPX, CPX", "NPS4", "NPS1, NPS4", 8),
+                ras={"umc": (0, 0), "gfx": (0, 0), "sdma": (0, 0)},
+            ),
         ),
     )
 }  # fmt: skip
@@ -185,11 +211,14 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "sriov": ("sriov-pf", "sriov-vf1", "sriov-vf2"),
     "nvidia": ("nvidia",),
     "amd": ("amd",),
+    "amd-apu": ("amd-apu",),
+    "amd-mi300x": ("amd-mi300x",),
+    "amd-all": ("amd", "amd-apu", "amd-mi300x"),
     "degraded": ("degraded",),
     "unknown": ("unknown",),
     "vfio": ("vfio",),
     "unbound": ("unbound",),
-    "mixed": tuple(CARDS),
+    "mixed": tuple(k for k in CARDS if not k.startswith("amd-")),
 }
 
 
@@ -274,6 +303,7 @@ def send_uevent(root: str, devpath: str, action: str, props: Mapping[str, str]) 
 class _Present:
     card: SimCard
     drm: list[str] = field(default_factory=list)  # syspaths of the DRM minors
+    platform: list[str] = field(default_factory=list)  # amdgpu_xcp devices (AMD partitions)
 
 
 class SimNode:
@@ -370,6 +400,8 @@ class SimNode:
             ]
         if card.driver:
             lines.append(f"E: DRIVER={card.driver}")
+        if card.amd:
+            lines += amdsim.pci_lines(card.amd)
         return "\n".join(lines) + "\n\n"
 
     def _set_driver(self, card: SimCard) -> None:
@@ -387,7 +419,7 @@ class SimNode:
             props.append(f"DRIVER={card.driver}")
         Path(uevent).write_text("\n".join(props) + "\n")
 
-    def _add_drm(self, card: SimCard) -> list[str]:
+    def _add_drm(self, card: SimCard, parent: str | None = None) -> list[str]:
         """The DRM minors a bound GPU driver creates (none without a driver or index)."""
         if card.card is None or card.driver is None or card.driver.startswith("vfio"):
             return []
@@ -396,7 +428,7 @@ class SimNode:
             (f"card{card.card}", card.card),
             (f"renderD{128 + card.card}", 128 + card.card),
         ):
-            devpath = f"{card.devpath}/drm/{name}"
+            devpath = f"{parent or card.devpath}/drm/{name}"
             record = [
                 f"P: {devpath}",
                 "E: SUBSYSTEM=drm",
@@ -422,10 +454,44 @@ class SimNode:
                 os.symlink(f"../{name}", f"{link_dir}/pci-{card.pci_address}-{kind}")
         return added
 
+    def _add_amd_partitions(self, present: _Present) -> None:
+        """amdgpu's partition devices and the KFD topology (a bound AMD card only)."""
+        card, board = present.card, present.card.amd
+        if board is not None and card.driver == "amdgpu" and card.card is not None:
+            for i, devpath in enumerate(amdsim.xcp_devpaths(board), start=1):
+                self._testbed.add_from_string(f"P: {devpath}\nE: SUBSYSTEM=platform\n\n")
+                present.platform.append("/sys" + devpath)
+                present.drm += self._add_drm(
+                    replace(card, card=card.card + i, by_path=False), parent=devpath
+                )
+        self._sync_kfd()
+
+    def _sync_kfd(self) -> None:
+        gpus = [
+            amdsim.KfdGpu(p.card.pci_address, 128 + p.card.card + i, p.card.amd)
+            for p in self._present.values()
+            if p.card.amd and p.card.driver == "amdgpu" and p.card.card is not None
+            for i in range(amdsim.partition_count(p.card.amd))
+        ]
+        kfd = self._path("/sys" + amdsim.KFD_DEVPATH)
+        if not gpus:
+            return
+        if not os.path.isdir(kfd):
+            self._testbed.add_from_string(amdsim.kfd_record())
+            os.makedirs(self._path("/dev"), exist_ok=True)
+            Path(self._path("/dev/kfd")).touch()
+        shutil.rmtree(f"{kfd}/topology", ignore_errors=True)
+        for rel, text in amdsim.topology_files(gpus).items():
+            os.makedirs(os.path.dirname(f"{kfd}/{rel}"), exist_ok=True)
+            Path(f"{kfd}/{rel}").write_text(text)
+
     def _remove_drm(self, present: _Present) -> None:
         for syspath in present.drm:
             self._testbed.remove_device(syspath)  # also drops /dev/dri/<name>
         present.drm = []
+        for syspath in present.platform:
+            self._testbed.remove_device(syspath)
+        present.platform = []
         for kind in ("card", "render"):
             link = self._path(f"/dev/dri/by-path/pci-{present.card.pci_address}-{kind}")
             if os.path.islink(link):
@@ -450,6 +516,11 @@ class SimNode:
             os.symlink(f"../{card.physfn}", f"{base}/physfn")
         present = _Present(card, self._add_drm(card))
         self._present[card.pci_address] = present
+        if card.amd:
+            for rel, text in amdsim.ras_files(card.amd).items():
+                os.makedirs(os.path.dirname(f"{base}/{rel}"), exist_ok=True)
+                Path(f"{base}/{rel}").write_text(text)
+            self._add_amd_partitions(present)
         if emit:
             self._pci_event(card, "add")
             for syspath in present.drm:
@@ -464,6 +535,7 @@ class SimNode:
         drm = list(present.drm)
         self._remove_drm(present)
         self._testbed.remove_device(present.card.syspath)
+        self._sync_kfd()
         if emit:
             for syspath in reversed(drm):
                 self._drm_event(syspath, "remove")
@@ -478,6 +550,7 @@ class SimNode:
         self._remove_drm(present)
         present.card = replace(present.card, driver=None)
         self._set_driver(present.card)
+        self._sync_kfd()
         if emit:
             for syspath in reversed(drm):
                 self._drm_event(syspath, "remove")
@@ -491,6 +564,7 @@ class SimNode:
         present.card = replace(present.card, driver=driver)
         self._set_driver(present.card)
         present.drm = self._add_drm(present.card)
+        self._add_amd_partitions(present)
         if emit:
             for syspath in present.drm:
                 self._drm_event(syspath, "add")
@@ -542,9 +616,15 @@ class SimNode:
             env=self.env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
-    def discover(self, driver_name: str = "gpu.intel.com") -> dict[str, Any]:
+    def discover(
+        self,
+        driver_name: str = "gpu.intel.com",
+        amd_driver_name: str | None = None,
+        host_root: str | None = None,
+    ) -> dict[str, Any]:
         """discover_drm() as the child saw it, as JSON (see `discovery_json`)."""
-        r = self.run("discover", driver_name)
+        extra = [amd_driver_name or ""] + ([host_root] if host_root else [])
+        r = self.run("discover", driver_name, *(extra if amd_driver_name or host_root else []))
         if r.returncode != 0:
             raise RuntimeError(f"discover child failed ({r.returncode}): {r.stderr}")
         result: dict[str, Any] = json.loads(r.stdout)
@@ -647,6 +727,10 @@ def device_json(device: Any) -> dict[str, Any]:
         "nodes": [{"path": n.path, "major": n.major, "minor": n.minor,
                    "host_path": n.host_path} for n in device.nodes],
         "extra": dict(device.extra),
+        "shared_nodes": [{"path": n.path, "major": n.major, "minor": n.minor}
+                         for n in device.shared_nodes],
+        "health": device.health.value,
+        "health_reason": device.health_reason,
     }  # fmt: skip
 
 
@@ -664,13 +748,15 @@ def discovery_json(result: Any) -> dict[str, Any]:
 def main(argv: Iterable[str]) -> int:
     """Child entry point; runs under the preload and prints JSON on stdout."""
 
-    from dra_plugin import udev
+    from dra_plugin import drm_discovery, hotplug
     from dra_plugin.devices import validate_device
 
     args = list(argv)
     if args[:1] == ["discover"]:
         driver = args[1] if len(args) > 1 else "gpu.intel.com"
-        result = udev.discover_drm(driver)
+        amd = args[2] if len(args) > 2 else None  # the AMD driver name, when enabled
+        root = {"host_root": Path(args[3])} if len(args) > 3 else {}
+        result = drm_discovery.discover_drm(driver or None, amd, **root)
         for device in result.devices:
             validate_device(device)  # what the API server would reject fails the test here
         print(json.dumps(discovery_json(result)))
@@ -680,19 +766,20 @@ def main(argv: Iterable[str]) -> int:
         lock = threading.Lock()
 
         def on_change() -> None:
-            names = [d.name for d in udev.discover_drm("gpu.intel.com").devices]
+            found = drm_discovery.discover_drm("gpu.intel.com", "gpu.amd.com").devices
+            names = [d.name for d in found]
             with lock:
                 print(json.dumps({"n": next(count), "devices": names}), flush=True)
 
         control = {"udev_control": args[2]} if len(args) > 2 else {}
-        monitor = udev.DrmMonitor(on_change, debounce_seconds=float(args[1]), **control)
+        monitor = hotplug.DrmMonitor(on_change, debounce_seconds=float(args[1]), **control)
         monitor.start()
         print("ready", flush=True)
         sys.stdin.read()  # until the parent closes our stdin
         monitor.stop()
         return 0
     print(
-        f"usage: {sys.argv[0]} discover [driver] | list-pci | monitor DEBOUNCE [UDEV_CONTROL]",
+        f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor DEBOUNCE [UDEV_CONTROL]",
         file=sys.stderr,
     )
     return 2
