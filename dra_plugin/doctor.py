@@ -17,6 +17,7 @@ from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any, Protocol, TypeVar
 
+from dra_plugin.amdcheck import check_amd
 from dra_plugin.config import Config
 from dra_plugin.containerd import check_cdi_dir, check_containerd
 from dra_plugin.findings import Finding, Report, Status
@@ -178,6 +179,7 @@ def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
         *check_pci(cfg, host, gpus, loaded),
         *check_links(bus),
         *check_modules(host, bus, loaded, talos),
+        *check_amd(cfg, host, bus, loaded, talos),
         *check_device_nodes(host, bus),
         *check_nvml(cfg, host, bus, loaded),
         check_cdi_dir(cfg, host),

@@ -95,7 +95,9 @@ class Host:
         for dev in sorted(base.iterdir()):
             cls = _read(dev / "class") or ""
             vendor = (_read(dev / "vendor") or "").removeprefix("0x").lower()
-            if not cls.startswith("0x03") or vendor not in VENDORS:
+            # AMD Instinct MI300 and newer are processing accelerators (class 0x12).
+            accel = vendor == "1002" and cls.startswith("0x12")
+            if not (cls.startswith("0x03") or accel) or vendor not in VENDORS:
                 continue
             driver_link = dev / "driver"
             driver = (
@@ -142,3 +144,22 @@ def _max_link(dev: Path) -> Link | None:
     speed = min(own.speed, port.speed) if port.speed else own.speed
     width = min(own.width, port.width) if port.width else own.width
     return Link(speed, width)
+
+
+def switch_port(host: Host, address: str, vendor: str) -> tuple[str, Link, Link | None] | None:
+    """The topmost bridge of `vendor` above a GPU (the upstream port of a switch on the
+    card itself, as on Radeon RX 6000/7000 boards) with its link: (address, current, max).
+    The GPU's own link then only describes the on-board hop; the slot's is this one."""
+    dev = host.path(f"/sys/bus/pci/devices/{address}")
+    if not dev.is_symlink():
+        return None
+    top = None
+    parent = dev.resolve().parent
+    while (_read(parent / "vendor") or "").removeprefix("0x").lower() == vendor and (
+        _read(parent / "class") or ""
+    ).startswith("0x0604"):
+        top = parent
+        parent = parent.parent
+    if top is None:
+        return None
+    return top.name, _link(top, "current"), _max_link(top)

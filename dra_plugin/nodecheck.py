@@ -7,11 +7,11 @@ import stat
 from collections.abc import Iterable
 
 from dra_plugin.config import Config
-from dra_plugin.devices import INTEL, NVIDIA, Health
+from dra_plugin.devices import AMD, INTEL, NVIDIA, Health
 from dra_plugin.findings import Finding, Status
 from dra_plugin.hostview import Host, PciGpu
 
-_PLUGIN_VENDOR = {"8086": INTEL, "10de": NVIDIA}
+_PLUGIN_VENDOR = {"8086": INTEL, "10de": NVIDIA, "1002": AMD}
 _EXPECTED_DRIVERS = {"8086": ("i915", "xe"), "10de": ("nvidia",), "1002": ("amdgpu",)}
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
 _NVIDIA_CORE_MODULES = ("nvidia", "nvidia_uvm")  # without these there is no CUDA at all
@@ -194,12 +194,12 @@ def check_modules(
                     _talos_modules_patch(["i915"]),
                 )
             )
-    if not out:
+    if not out and not any(g.vendor == "1002" for g in gpus):  # amdgpu: amdcheck.py
         out.append(Finding(Status.PASS, "kernel-modules", "no GPU on the bus needs a module"))
     return out
 
 
-def _node_problem(host: Host, path: str, major: int) -> str | None:
+def node_problem(host: Host, path: str, major: int) -> str | None:
     try:
         st = os.stat(host.path(path))
     except OSError:
@@ -222,7 +222,7 @@ def check_device_nodes(host: Host, gpus: list[PciGpu]) -> list[Finding]:
             for p in host.path("/dev/dri").glob("*")
             if p.name.startswith(("card", "renderD"))
         )
-        problems = [p for n in names if (p := _node_problem(host, f"/dev/dri/{n}", drm))]
+        problems = [p for n in names if (p := node_problem(host, f"/dev/dri/{n}", drm))]
         renders = [n for n in names if n.startswith("renderD")]
         if len(renders) < len(intel):
             problems.append(f"{len(renders)} /dev/dri/renderD* for {len(intel)} Intel GPU(s)")
@@ -239,7 +239,7 @@ def check_device_nodes(host: Host, gpus: list[PciGpu]) -> list[Finding]:
         major = majors.get("nvidia-frontend", majors.get("nvidia", NVIDIA_MAJOR))
         numbered = sorted(p.name for p in host.path("/dev").glob("nvidia*") if p.name[6:].isdigit())
         problems = [
-            p for n in ["nvidiactl", *numbered] if (p := _node_problem(host, f"/dev/{n}", major))
+            p for n in ["nvidiactl", *numbered] if (p := node_problem(host, f"/dev/{n}", major))
         ]
         if len(numbered) < len(nvidia):
             problems.append(f"{len(numbered)} /dev/nvidiaN for {len(nvidia)} NVIDIA GPU(s)")
@@ -250,7 +250,7 @@ def check_device_nodes(host: Host, gpus: list[PciGpu]) -> list[Finding]:
             problems += [
                 p
                 for n in ("nvidia-uvm", "nvidia-uvm-tools")
-                if (p := _node_problem(host, f"/dev/{n}", uvm))
+                if (p := node_problem(host, f"/dev/{n}", uvm))
             ]
         out.append(
             _nodes_finding(

@@ -96,6 +96,42 @@ class HostRoot:
         link_path.symlink_to(os.path.relpath(dev, link_path.parent))
         return dev
 
+    def amd_card_with_switch(
+        self,
+        address: str,
+        device: str,
+        *,
+        driver: str | None = "amdgpu",
+        slot_link: tuple[int, int] = (4, 16),
+        slot_max: tuple[int, int] = (4, 16),
+    ) -> Path:
+        """A Radeon board as sysfs shows it: root port -> the board's switch (upstream
+        port, downstream port, both vendor 1002) -> the GPU, whose own link reaches only
+        the switch. `slot_link`/`slot_max`: the upstream port's link to the host."""
+        up = self.path("sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0")
+        down = up / "0000:02:00.0"
+        for port, dev_id in ((up, "0x1478"), (down, "0x1479")):
+            port.mkdir(parents=True, exist_ok=True)
+            for name, value in (("class", "0x060400"), ("vendor", "0x1002"), ("device", dev_id)):
+                (port / name).write_text(value + "\n")
+        for which, (gen, width) in (("current", slot_link), ("max", slot_max)):
+            (up / f"{which}_link_speed").write_text(GEN_SPEED[gen] + "\n")
+            (up / f"{which}_link_width").write_text(f"{width}\n")
+        gpu = down / address
+        gpu.mkdir()
+        for name, value in (("class", "0x030000"), ("vendor", "0x1002"), ("device", device)):
+            (gpu / name).write_text(value + "\n")
+        for which in ("current", "max"):  # the on-board hop always trains at full speed
+            (gpu / f"{which}_link_speed").write_text(GEN_SPEED[4] + "\n")
+            (gpu / f"{which}_link_width").write_text("16\n")
+        if driver:
+            drv = self.path(f"sys/bus/pci/drivers/{driver}")
+            drv.mkdir(parents=True, exist_ok=True)
+            (gpu / "driver").symlink_to(os.path.relpath(drv, gpu))
+        link_path = self.path(f"sys/bus/pci/devices/{address}")
+        link_path.symlink_to(os.path.relpath(gpu, link_path.parent))
+        return gpu
+
     # --- /proc ------------------------------------------------------------------------
     def load_modules(self, *names: str) -> None:
         self.modules += names
@@ -127,6 +163,11 @@ class HostRoot:
     def dri_nodes(self, index: int = 0, *, major: int = 226) -> None:
         self.char_node(f"dev/dri/card{index}", major, index)
         self.char_node(f"dev/dri/renderD{128 + index}", major, 128 + index)
+
+    def kfd_node(self, major: int = 235) -> None:
+        self.char_devices["kfd"] = major
+        self._write_proc()
+        self.char_node("dev/kfd", major, 0)
 
     def nvidia_nodes(self, count: int = 1, *, uvm: bool = True) -> None:
         self.char_node("dev/nvidiactl", 195, 255)

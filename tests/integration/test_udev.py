@@ -137,7 +137,7 @@ def test_arc_discrete_on_xe() -> None:
     assert attrs["resource.kubernetes.io/pcieRoot"] == "pci0000:00"
     assert (attrs["pcieLinkGen"], attrs["pcieLinkWidth"]) == (4, 8)
     assert (attrs["pcieLinkMaxGen"], attrs["pcieLinkMaxWidth"]) == (4, 8)
-    assert "numaNode" not in attrs  # numa_node -1
+    assert "numaNode" not in attrs and "resource.kubernetes.io/numaNode" not in attrs  # -1
     assert dev["capacity"] == {"memory": 12 * GiB}
     assert [n["path"] for n in dev["nodes"]][:2] == ["/dev/dri/card1", "/dev/dri/renderD129"]
 
@@ -174,7 +174,7 @@ def test_sriov_pf_and_vfs() -> None:
     pf = devices["0000-4d-00-0-0x56c0"]
     assert pf["attributes"]["type"] == "gpu" and pf["attributes"]["sriov"] is True
     assert pf["attributes"]["model"] == "Flex 170"
-    assert pf["attributes"]["numaNode"] == 1
+    assert pf["attributes"]["numaNode"] == pf["attributes"]["resource.kubernetes.io/numaNode"] == 1
     assert pf["attributes"]["resource.kubernetes.io/pcieRoot"] == "pci0000:4a"
     assert pf["capacity"] == {"memory": 16 * GiB}  # i915 lmem_total_bytes on the card
     assert pf["extra"]["sriovTotalVfs"] == "31" and pf["extra"]["sriovNumVfs"] == "2"

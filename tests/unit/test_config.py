@@ -58,7 +58,12 @@ def test_default_socket_names() -> None:
             {"NODE_NAME": "n"},
             "unix sockets allow at most 107",
         ),
-        (["run"], {"NODE_NAME": "n", "VENDORS": "amd"}, "VENDORS='amd'"),
+        (["run"], {"NODE_NAME": "n", "VENDORS": "matrox"}, "VENDORS='matrox'"),
+        (
+            ["run"],
+            {"NODE_NAME": "n", "VENDORS": "intel,amd", "AMD_DRIVER_NAME": "gpu.intel.com"},
+            "driver names must differ: intel=gpu.intel.com, amd=gpu.intel.com",
+        ),
         (
             ["run"],
             {"NODE_NAME": "n", "METRICS_PORT": "http"},

@@ -1,0 +1,95 @@
+"""doctor's AMD checks against fake host trees (tests/fakes/hostroot.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_plugin import doctor
+from dra_plugin.devices import AMD, INTEL
+from dra_plugin.findings import Finding, Status
+from tests.fakes.hostroot import HostRoot, can_mknod, host_root
+
+pytestmark = pytest.mark.skipif(not can_mknod(), reason="device nodes need root (mknod)")
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[HostRoot]:
+    with host_root(tmp_path) as h:
+        yield h
+
+
+def findings(host: HostRoot, check: str, vendors: tuple[str, ...] = (AMD,)) -> list[Finding]:
+    report = doctor.run_doctor(host.config(vendors=vendors))
+    return [f for f in report.findings if f.check == check]
+
+
+def healthy_amd(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c")
+    host.load_modules("amdgpu")
+    host.dirs("/lib/firmware/amdgpu")
+    host.kfd_node()
+
+
+def test_healthy_radeon_passes_every_amd_check(host: HostRoot) -> None:
+    healthy_amd(host)
+    assert [f.status for f in findings(host, "pci")] == [Status.PASS]
+    assert [(f.status, f.found) for f in findings(host, "kernel-modules")] == [
+        (Status.PASS, "amdgpu loaded")
+    ]
+    (fw,) = findings(host, "amd-firmware")
+    assert fw.status is Status.PASS and "/lib/firmware/amdgpu" in fw.found
+    (kfd,) = findings(host, "amd-kfd")
+    assert kfd.status is Status.PASS and "major 235" in kfd.found
+    assert all(f.status is Status.PASS for f in findings(host, "pcie-link"))
+
+
+def test_amdgpu_not_loaded_fails_with_the_talos_patch(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c", driver=None)
+    host.talos()
+    (f,) = findings(host, "kernel-modules")
+    assert f.status is Status.FAIL and "amdgpu is not loaded" in f.found
+    assert "siderolabs/amdgpu" in f.action and "- name: amdgpu" in f.detail
+
+
+def test_unbound_card_with_amdgpu_loaded_points_at_firmware(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c", driver=None)
+    host.load_modules("amdgpu")
+    (f,) = findings(host, "amd-firmware")
+    assert f.status is Status.FAIL
+    assert "0000:03:00.0 AMD [1002:744c]" in f.found and "no firmware in" in f.found
+    assert "firmware" in f.action
+
+
+def test_no_firmware_dir_warns_even_when_bound(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c")
+    host.load_modules("amdgpu")
+    (f,) = findings(host, "amd-firmware")
+    assert f.status is Status.WARN and "initramfs" in f.found
+
+
+def test_missing_kfd_warns(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c")
+    host.load_modules("amdgpu")
+    host.dirs("/lib/firmware/amdgpu")
+    (f,) = findings(host, "amd-kfd")
+    assert f.status is Status.WARN and "no kfd" in f.found and "ROCm" in f.found
+    assert findings(host, "amd-kfd", vendors=(INTEL,)) == []  # AMD not served: not needed
+
+
+def test_degraded_slot_link_is_found_at_the_cards_switch(host: HostRoot) -> None:
+    host.amd_card_with_switch("0000:03:00.0", "0x744c", slot_link=(1, 16), slot_max=(4, 16))
+    host.load_modules("amdgpu")
+    links = findings(host, "pcie-link")
+    # the GPU's own hop to its switch is fine; the switch's link to the slot is not
+    assert [f.status for f in links] == [Status.PASS, Status.WARN]
+    assert "0000:01:00.0" in links[1].found and "Gen1 x16, capable of Gen4 x16" in links[1].found
+
+
+def test_mi300x_accelerator_class_is_seen(host: HostRoot) -> None:
+    host.pci_gpu("0000:1b:00.0", "1002", "74a1", cls="0x120000", driver="amdgpu", link=(5, 16))
+    host.load_modules("amdgpu")
+    (f,) = findings(host, "pci")
+    assert f.status is Status.PASS and "[1002:74a1] bound to amdgpu" in f.found
