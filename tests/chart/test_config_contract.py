@@ -65,7 +65,7 @@ def test_the_plugin_accepts_the_chart_environment(
     cfg = config.parse(["run"], env=_env(rendered))
     assert cfg.node_name == NODE
     assert cfg.pod_uid == POD_UID
-    enabled = tuple(v for v in ("intel", "nvidia") if values[v]["enabled"])
+    enabled = tuple(v for v in ("intel", "nvidia", "amd") if values[v]["enabled"])
     assert cfg.vendors == enabled
     assert cfg.drivers == {v: values[v]["driverName"] for v in enabled}
     assert cfg.metrics_port == values["metrics"]["port"]
@@ -76,6 +76,8 @@ def test_the_plugin_accepts_the_chart_environment(
     assert cfg.shutdown_grace_seconds == values["shutdownGraceSeconds"]
     if "nvidia" in enabled:
         assert cfg.nvidia_cdi_strategy == values["nvidia"]["cdiStrategy"]
+    if "amd" in enabled:
+        assert cfg.amd_ras_poll_seconds == values["amd"]["rasPollSeconds"]
 
 
 def test_host_facing_paths_are_mounted_at_their_host_paths(rendered: list[Manifest]) -> None:

@@ -122,6 +122,7 @@ def test_there_are_examples() -> None:
     assert {
         "intel-smoke-test.yaml",
         "nvidia-smoke-test.yaml",
+        "amd-smoke-test.yaml",
         "talos-cdi-containerd-patch.yaml",
     } <= names
 
@@ -167,6 +168,12 @@ def test_smoke_tests_do_what_they_say() -> None:
     nvidia = list(yaml.safe_load_all((EXAMPLES / "nvidia-smoke-test.yaml").read_text()))
     pod = next(d for d in nvidia if d["kind"] == "Pod")
     assert pod["spec"]["containers"][0]["command"] == ["nvidia-smi", "-L"]
+    amd = list(yaml.safe_load_all((EXAMPLES / "amd-smoke-test.yaml").read_text()))
+    pod = next(d for d in amd if d["kind"] == "Pod")
+    assert pod["spec"]["containers"][0]["command"] == ["ls", "-la", "/dev/dri/", "/dev/kfd"]
+    template = next(d for d in amd if d["kind"] == "ResourceClaimTemplate")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "gpu.amd.com"
     pair = list(yaml.safe_load_all((EXAMPLES / "two-gpus-same-pcie-root.yaml").read_text()))
     template = next(d for d in pair if d["kind"] == "ResourceClaimTemplate")
     (constraint,) = template["spec"]["spec"]["devices"]["constraints"]

@@ -73,7 +73,7 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     if values["admissionPolicy"]["enabled"]:
         # One for ResourceSlice writes, one for ResourceClaim status writes.
         expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
-    for vendor in ("intel", "nvidia"):
+    for vendor in ("intel", "nvidia", "amd"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
     assert kinds == sorted(expected)
@@ -87,7 +87,7 @@ def test_device_classes_select_their_driver(
 ) -> None:
     values = chart_values(value_set)
     classes = {m["metadata"]["name"]: m for m in all_of(rendered, "DeviceClass")}
-    for vendor in ("intel", "nvidia"):
+    for vendor in ("intel", "nvidia", "amd"):
         v = values[vendor]
         if not (v["enabled"] and v["deviceClass"]["create"]):
             continue

@@ -50,6 +50,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $v := list }}
 {{- if .Values.intel.enabled }}{{ $v = append $v "intel" }}{{ end }}
 {{- if .Values.nvidia.enabled }}{{ $v = append $v "nvidia" }}{{ end }}
+{{- if .Values.amd.enabled }}{{ $v = append $v "amd" }}{{ end }}
 {{- join "," $v }}
 {{- end }}
 
