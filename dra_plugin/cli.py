@@ -80,8 +80,8 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         if inv.count == 0:
             err.write(
                 "no GPUs found. Likely causes: the GPU kernel driver (i915/xe, nvidia, amdgpu) "
-                "is not loaded, /sys and /run/udev are not visible in this container, or the NVIDIA "
-                "driver root is wrong (NVIDIA_DRIVER_ROOT). Run `dra-plugin doctor`.\n"
+                "is not loaded, /sys and /run/udev are not visible in this container, or the "
+                "NVIDIA driver root is wrong (NVIDIA_DRIVER_ROOT). Run `dra-plugin doctor`.\n"
             )
             return 1
         _table(inv, out)
