@@ -24,7 +24,6 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from dra_plugin import amd_ids
 from dra_plugin.devices import (
@@ -178,24 +177,25 @@ def _partition_modes(gpu: PciGpu) -> tuple[str | None, str | None]:
 class _Part:
     minors: Minors
     kfd: KfdNode | None
+    own: bool = False  # the PCI function's own minors (partition 0 or the whole GPU)
+
+
+def _render_minor(minors: Minors) -> int:
+    render = minors.get("render")
+    return render.node.minor if render and render.node.minor is not None else -1
 
 
 def _partitions(
     gpu: PciGpu, own: Minors, scan: UdevScan, kfd: Mapping[int, KfdNode]
 ) -> list[_Part]:
     """Partition 0 (the PCI function's minors), then the amdgpu_xcp ones KFD ties to it."""
-
-    def render_minor(minors: Minors) -> int:
-        render = minors.get("render")
-        return render.node.minor if render and render.node.minor is not None else -1
-
-    parts = [_Part(own, kfd.get(render_minor(own)))]
+    parts = [_Part(own, kfd.get(_render_minor(own)), own=True)]
     others = []
     for minors in scan.partitions.values():
-        node = kfd.get(render_minor(minors))
+        node = kfd.get(_render_minor(minors))
         if node is not None and node.pci_address == gpu.pci_address:
             others.append(_Part(minors, node))
-    parts += sorted(others, key=lambda p: render_minor(p.minors))
+    parts += sorted(others, key=lambda p: _render_minor(p.minors))
     if scan.partitions and not kfd:
         log.warning(
             "amd gpu pci=%s: %d partition device(s) found but no KFD topology "
@@ -206,42 +206,86 @@ def _partitions(
     return parts
 
 
+@dataclass(frozen=True)
+class _Gpu:
+    """What every device of one GPU (whole, or each partition) shares."""
+
+    pci: PciGpu
+    driver: str
+    attributes: Mapping[str, AttrValue | None]
+    shared: tuple[DeviceNode, ...]
+    health: Health
+    reason: str
+
+    def device(
+        self, name: str, part: _Part, more: Mapping[str, AttrValue], memory: int | None
+    ) -> Device:
+        minor_list = sorted(part.minors.items())  # "card" before "render"
+        # udev's by-path links name the PCI function, whose own minors are partition 0.
+        links = by_path_nodes(self.pci.pci_address, part.minors) if part.own else []
+        return make_device(
+            name=name,
+            vendor=AMD,
+            driver=self.driver,
+            attributes={**more, **self.attributes},
+            capacity={
+                "memory": memory,
+                "computeUnits": part.kfd.compute_units if part.kfd else None,
+                "simdUnits": (part.kfd.simd_count or None) if part.kfd else None,
+            },
+            nodes=[m.node for _, m in minor_list] + links,
+            pci_address=self.pci.pci_address,
+            health=self.health,
+            health_reason=self.reason,
+            extra={kind: m.node.path for kind, m in minor_list},
+            shared_nodes=self.shared,
+        )
+
+
 def amd_devices(
-    gpu: PciGpu, minors: Minors, scan: UdevScan, driver_name: str, ids: amd_ids.IdsTable
+    gpu: PciGpu,
+    minors: Minors,
+    scan: UdevScan,
+    driver_name: str,
+    ids: amd_ids.IdsTable,
+    kfd: Mapping[int, KfdNode],
 ) -> list[Device]:
-    """The whole GPU, or one device per partition where it is partitioned."""
-    kfd = kfd_topology(scan.kfd_sys_path)
+    """The whole GPU, or one device per partition where it is partitioned.
+
+    `kfd`: the scan's KFD topology (kfd_topology(scan.kfd_sys_path)), read once per scan.
+    """
     ident = amd_ids.lookup(gpu.device_id, gpu.revision, ids)
-    own_kfd = kfd.get(minors["render"].node.minor or -1) if "render" in minors else None
     compute, memory_mode = _partition_modes(gpu)
     vram = int_attr(gpu.sys_path, "mem_info_vram_total", minimum=1)
     ras = ras_uncorrectable(gpu.sys_path)
-    health, reason = Health.HEALTHY, ""
-    if ras:
-        health = Health.UNHEALTHY
-        reason = "RAS uncorrectable errors: " + ", ".join(f"{b}={n}" for b, n in ras.items())
-    base_name = pci_device_name(gpu.pci_address, gpu.device_id)
-    common: dict[str, AttrValue | None] = {
-        "deviceID": gpu.device_id,
-        "model": ident.model,
-        "family": ident.family,
-        "productName": _product_name(gpu),
-        "driverVersion": _driver_version(gpu),
-        "integrated": ident.integrated,
-        "partitionProfile": f"{compute}_{memory_mode}" if compute and memory_mode else None,
-        "computePartition": compute,
-        "memoryPartition": memory_mode,
-        "numaNode": gpu.numa_node,
-        NUMA_NODE: gpu.numa_node,
-        PCI_BUS_ID: gpu.pci_address,
-        PCIE_ROOT: gpu.pcie_root,
-        "pcieLinkGen": gpu.link.gen,
-        "pcieLinkWidth": gpu.link.width,
-        "pcieLinkMaxGen": gpu.link.max_gen,
-        "pcieLinkMaxWidth": gpu.link.max_width,
-    }
-    shared = (scan.kfd,) if scan.kfd is not None else ()
-
+    reason = "RAS uncorrectable errors: " + ", ".join(f"{b}={n}" for b, n in ras.items())
+    common = _Gpu(
+        gpu,
+        driver_name,
+        {
+            "deviceID": gpu.device_id,
+            "model": ident.model,
+            "family": ident.family,
+            "productName": _product_name(gpu),
+            "driverVersion": _driver_version(gpu),
+            "integrated": ident.integrated,
+            "partitionProfile": f"{compute}_{memory_mode}" if compute and memory_mode else None,
+            "computePartition": compute,
+            "memoryPartition": memory_mode,
+            "numaNode": gpu.numa_node,
+            NUMA_NODE: gpu.numa_node,
+            PCI_BUS_ID: gpu.pci_address,
+            PCIE_ROOT: gpu.pcie_root,
+            "pcieLinkGen": gpu.link.gen,
+            "pcieLinkWidth": gpu.link.width,
+            "pcieLinkMaxGen": gpu.link.max_gen,
+            "pcieLinkMaxWidth": gpu.link.max_width,
+        },
+        (scan.kfd,) if scan.kfd is not None else (),
+        Health.UNHEALTHY if ras else Health.HEALTHY,
+        reason if ras else "",
+    )
+    name = pci_device_name(gpu.pci_address, gpu.device_id)
     if compute is None and gpu.pci_address not in _told_whole:
         _told_whole.add(gpu.pci_address)
         log.info(
@@ -250,62 +294,14 @@ def amd_devices(
             gpu.pci_address,
         )
     if compute is None or compute == "spx":
-        return [
-            _device(
-                base_name, gpu, minors, own_kfd, driver_name, common, shared, health, reason,
-                {"type": "amdgpu"}, vram,
-            )
-        ]  # fmt: skip
+        own = _Part(minors, kfd.get(_render_minor(minors)), own=True)
+        return [common.device(name, own, {"type": "amdgpu"}, vram)]
     parts = _partitions(gpu, minors, scan, kfd)
     devices = []
     for i, part in enumerate(parts):
         memory = part.kfd.memory if part.kfd and part.kfd.memory else None
         if memory is None and vram is not None:
             memory = vram // len(parts)
-        devices.append(
-            _device(
-                f"{base_name}-p{i}", gpu, part.minors, part.kfd, driver_name, common, shared,
-                health, reason, {"type": "amdgpu-partition", "partition": i}, memory,
-            )
-        )  # fmt: skip
+        more: dict[str, AttrValue] = {"type": "amdgpu-partition", "partition": i}
+        devices.append(common.device(f"{name}-p{i}", part, more, memory))
     return devices
-
-
-def _device(
-    name: str,
-    gpu: PciGpu,
-    minors: Minors,
-    kfd: KfdNode | None,
-    driver_name: str,
-    common: Mapping[str, AttrValue | None],
-    shared: tuple[DeviceNode, ...],
-    health: Health,
-    reason: str,
-    more: Mapping[str, AttrValue],
-    memory: int | None,
-) -> Device:
-    minor_list = sorted(minors.items())  # "card" before "render"
-    # udev's by-path links name the PCI function, whose own minors are partition 0.
-    own = more.get("partition", 0) == 0
-    return make_device(
-        name=name,
-        vendor=AMD,
-        driver=driver_name,
-        attributes={**more, **common},
-        capacity={
-            "memory": memory,
-            "computeUnits": kfd.compute_units if kfd else None,
-            "simdUnits": (kfd.simd_count or None) if kfd else None,
-        },
-        nodes=[m.node for _, m in minor_list]
-        + (by_path_nodes(gpu.pci_address, minors) if own else []),
-        pci_address=gpu.pci_address,
-        health=health,
-        health_reason=reason,
-        extra={kind: m.node.path for kind, m in minor_list},
-        shared_nodes=shared,
-    )
-
-
-def ids_table(host_root: Path) -> amd_ids.IdsTable:
-    return amd_ids.load_ids([host_root])

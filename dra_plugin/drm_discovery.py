@@ -55,7 +55,7 @@ def discover_drm(
     be read (e.g. it vanished mid-scan) is reported as skipped instead.
     """
     scan = udev.scan()
-    ids: amd_ids.IdsTable | None = None
+    amd: tuple[amd_ids.IdsTable, dict[int, amd_gpus.KfdNode]] | None = None  # read lazily
     devices: list[Device] = []
     skipped: list[SkippedCard] = []
     for gpu in scan.gpus:
@@ -72,9 +72,13 @@ def discover_drm(
                 if gpu.vendor_id == udev.INTEL_VENDOR and intel_driver_name:
                     devices.append(intel_gpus.intel_device(gpu, minors, intel_driver_name))
                 elif amd_driver_name:
-                    if ids is None:
-                        ids = amd_ids.load_ids([host_root])
-                    devices += amd_gpus.amd_devices(gpu, minors, scan, amd_driver_name, ids)
+                    if amd is None:
+                        amd = (
+                            amd_ids.load_ids([host_root]),
+                            amd_gpus.kfd_topology(scan.kfd_sys_path),
+                        )
+                    ids, kfd = amd
+                    devices += amd_gpus.amd_devices(gpu, minors, scan, amd_driver_name, ids, kfd)
                 continue
             except (OSError, ValueError, InvalidDeviceError) as exc:
                 reason = f"could not read the device: {exc}"
