@@ -175,10 +175,11 @@ CARDS: dict[str, SimCard] = {
             link=_GEN4_X16,
         ),
         SimCard("unbound", "0000:05:00.0", "0x56a5", None, bridges=("0000:00:1c.4",)),
-        # Radeon RX 7900 XTX (Navi 31) behind its on-board switch, 24 GiB, no partitions.
+        # Radeon RX 7900 XTX (Navi 31), 24 GiB, no partitions. (Its on-board PCIe switch is
+        # in doctor's fixture, tests/fakes/hostroot.py: here bus 08 is the NVIDIA card's.)
         SimCard(
             "amd", "0000:09:00.0", "0x744c", "amdgpu", vendor_id="0x1002",
-            bridges=("0000:00:07.0", "0000:07:00.0", "0000:08:00.0"), card=8, link=_GEN4_X16,
+            bridges=("0000:00:07.0",), card=8, link=_GEN4_X16,
             amd=AmdBoard("0xc8", 24 * GiB, simd_count=192, simd_per_cu=2),
         ),
         # Ryzen 7040 (Phoenix) iGPU, Radeon 780M: 512 MiB UMA carve-out.
