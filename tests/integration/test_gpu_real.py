@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.devices import PCI_BUS_ID, Health, Version, validate_device
+from dra_plugin.devices import NUMA_NODE, PCI_BUS_ID, Health, Version, validate_device
 from dra_plugin.gpuhealth import NvmlHealthMonitor
 from dra_plugin.nvml import NvmlDiscovery, discover_nvidia
 from dra_plugin.slices import parse_quantity
@@ -85,6 +85,11 @@ def test_cli_discover_json_on_real_gpus(real: NvmlDiscovery) -> None:
             assert set(attrs[key]) == {"version"}, (name, key, attrs[key])
         for key in INTS:
             assert key not in attrs or set(attrs[key]) == {"int"}, (name, key, attrs[key])
+        # the standard NUMA attribute follows sysfs: present exactly when numa_node >= 0
+        bus = attrs[PCI_BUS_ID]["string"]
+        numa = int(Path(f"/sys/bus/pci/devices/{bus}/numa_node").read_text())
+        got = attrs.get(NUMA_NODE)
+        assert got == ({"int": numa} if numa >= 0 else None), (name, numa, got)
 
 
 def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
