@@ -77,7 +77,7 @@ def _properties(path: str) -> dict[str, int]:
                 if value.strip().lstrip("-").isdigit():
                     out[key] = int(value)
     except OSError:
-        pass
+        pass  # a node removed mid-read (driver unbind) simply has no properties
     return out
 
 

@@ -202,7 +202,17 @@ def test_daemon_publishes_prepares_with_kfd_and_follows_hotplug(cluster: Cluster
         return any(d["name"].startswith(MI300X) and d.get("taints") for d in devs)
 
     cluster.wait_for("mi300x tainted", mi300x_unhealthy)
+
+    # the claimed Radeon is unplugged: it stays published, tainted, until unprepared
+    cluster.sim.remove_card("0000:09:00.0")
+
+    def navi() -> dict[str, Any] | None:
+        devs = [d for s in cluster.slices(AMD) for d in s["spec"].get("devices", [])]
+        return next((d for d in devs if d["name"] == NAVI), None)
+
+    cluster.wait_for("navi kept, tainted", lambda: (d := navi()) is not None and d.get("taints"))
     assert amd.unprepare([Claim("default", uid, "rocm")]).claims[uid].error == ""
+    cluster.wait_for("navi gone", lambda: navi() is None)
     assert daemon.terminate() == 0
 
 
