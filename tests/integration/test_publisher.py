@@ -142,7 +142,9 @@ def test_first_publish_then_restart_writes_nothing(server: FakeAPIServer) -> Non
     assert len(intel) == 1 and "devices" not in intel[0]["spec"]
 
 
-def test_device_changes_bump_generation_once(server: FakeAPIServer) -> None:
+def test_device_changes_one_write_each(server: FakeAPIServer) -> None:
+    # A change inside the pool's only slice is one update at the same generation (a single
+    # write is atomic, as in the upstream controller); a new layout bumps the generation.
     async def body(api: RecordingAPI) -> None:
         pub = publisher(api)
         pub.set_devices(NV, gpus(3))
@@ -156,19 +158,61 @@ def test_device_changes_bump_generation_once(server: FakeAPIServer) -> None:
         await eventually(lambda: stored_devices(server) == ["gpu-0", "gpu-1"], 1.0)
         assert time.monotonic() - start < 1.0
         assert await pub.wait_synced()
-        assert generations(server) == {2} and server.writes() == writes + 1
+        assert generations(server) == {1} and server.writes() == writes + 1
 
         pub.set_devices(NV, gpus(4))  # added
         await eventually(lambda: len(stored_devices(server)) == 4, 1.0)
         assert await pub.wait_synced()
-        assert generations(server) == {3} and server.writes() == writes + 2
+        assert generations(server) == {1} and server.writes() == writes + 2
 
-        pub.set_devices(NV, gpus(4, unhealthy=(1,)))  # health changed
-        await eventually(lambda: generations(server) == {4}, 1.0)
+        pub.set_devices(NV, gpus(70))  # a second slice: every slice at a new generation
+        await eventually(lambda: len(pools(server)) == 2, 1.0)
+        assert await pub.wait_synced()
+        assert generations(server) == {2} and server.writes() == writes + 4
         await pub.stop()
         check_sent(api)
 
     scenario(server, body)
+
+
+def test_one_unhealthy_device_rewrites_one_slice_and_recovery_removes_taint(
+    server: FakeAPIServer,
+) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api, taint_effect="NoExecute")
+        pub.set_devices(NV, gpus(1000))
+        await pub.start()
+        assert await pub.wait_synced(30)
+        layout = {s["metadata"]["name"]: len(s["spec"]["devices"]) for s in pools(server)}
+        writes = server.writes()
+
+        pub.set_devices(NV, gpus(1000, unhealthy=(500,)))
+        await eventually(lambda: bool(tainted(server)), 5.0)
+        assert await pub.wait_synced(30)
+        assert server.writes() == writes + 1  # only the slice holding gpu-500
+        assert tainted(server) == {"gpu-500": "NoExecute"}
+        assert {s["metadata"]["name"]: len(s["spec"]["devices"]) for s in pools(server)} == layout
+
+        pub.set_devices(NV, gpus(1000))  # recovered
+        await eventually(lambda: not tainted(server), 5.0)
+        assert await pub.wait_synced(30)
+        assert server.writes() == writes + 2
+        dev = next(d for s in pools(server) for d in s["spec"]["devices"] if d["name"] == "gpu-500")
+        assert dev["attributes"]["health"] == {"string": "Healthy"} and "taints" not in dev
+        await pub.stop()
+        check_sent(api)
+
+    scenario(server, body)
+    assert generations(server) == {1}
+
+
+def tainted(srv: FakeAPIServer) -> dict[str, str]:
+    return {
+        d["name"]: t["effect"]
+        for s in pools(srv)
+        for d in s["spec"].get("devices", [])
+        for t in d.get("taints", [])
+    }
 
 
 def test_thousand_devices_split(server: FakeAPIServer) -> None:
@@ -181,9 +225,9 @@ def test_thousand_devices_split(server: FakeAPIServer) -> None:
 
     scenario(server, body)
     slices = pools(server)
-    assert len(slices) == 8
-    assert all(len(s["spec"]["devices"]) <= 128 for s in slices)
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {8}
+    assert len(slices) == 16
+    assert all(len(s["spec"]["devices"]) <= 64 for s in slices)
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {16}
     assert len(stored_devices(server)) == 1000
 
 
@@ -249,7 +293,7 @@ def test_conflict_converges(server: FakeAPIServer) -> None:
         await pub.stop()
 
     scenario(server, body)
-    assert generations(server) == {2}
+    assert generations(server) == {1}  # one slice: updated in place
 
 
 def test_api_down_then_back(server: FakeAPIServer) -> None:

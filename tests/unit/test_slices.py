@@ -105,10 +105,11 @@ def test_no_owner_reference_without_uid() -> None:
 
 
 def test_thousand_devices_split() -> None:
+    # Taints are possible (the default effect), so 64 per slice whatever the health.
     out = desired_slices(NODE, UID, NV, [gpu(i) for i in range(1000)], now=NOW)
-    assert len(out) == 8
-    assert all(len(s["spec"]["devices"]) <= 128 for s in out)
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in out} == {8}
+    assert len(out) == 16
+    assert all(len(s["spec"]["devices"]) <= 64 for s in out)
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in out} == {16}
     names = [d["name"] for d in devices_of(out)]
     assert names == [f"gpu-{i}" for i in range(1000)]
     check_schemas(out[:1] + out[-1:])
@@ -262,7 +263,7 @@ def test_validate_slice_device_limits() -> None:
     obj["spec"]["devices"] += copy.deepcopy(obj["spec"]["devices"][:1])
     with pytest.raises(SliceValidationError, match="twice"):
         validate_slice(obj)
-    obj = desired_slices(NODE, UID, NV, [gpu(i) for i in range(65)], now=NOW)[0]
+    obj = desired_slices(NODE, UID, NV, [gpu(i) for i in range(65)], taint_effect="None")[0]
     obj["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
     with pytest.raises(SliceValidationError, match=r"65 devices.*64 when a device has taints"):
         validate_slice(obj)
@@ -310,14 +311,38 @@ def test_plan_restores_deleted_slice_same_generation() -> None:
     assert plan.creates[0]["spec"]["pool"]["generation"] == 3
 
 
-def test_plan_content_change_bumps_once() -> None:
+def test_plan_change_in_one_slice_is_one_update_without_bump() -> None:
     have = stored(desired_slices(NODE, UID, NV, [gpu(i) for i in range(3)], now=NOW), 4)
     want = desired_slices(NODE, UID, NV, [gpu(i) for i in range(2)], now=NOW)
     plan = plan_sync(have, want)
-    assert plan.generation == 5 and len(plan.updates) == 1 and not plan.creates
+    assert plan.generation == 4 and len(plan.updates) == 1 and not plan.creates
     upd = plan.updates[0]
     assert upd["metadata"]["name"] == "s0" and upd["metadata"]["resourceVersion"] == "100"
-    assert upd["spec"]["pool"]["generation"] == 5
+    assert upd["spec"]["pool"]["generation"] == 4
+
+
+def test_plan_one_unhealthy_device_in_a_big_pool_touches_one_slice() -> None:
+    devs = [gpu(i) for i in range(1000)]
+    have = stored(desired_slices(NODE, UID, NV, devs, now=NOW), 2)
+    devs[700] = gpu(700, health=Health.UNHEALTHY, reason="XID 79")
+    plan = plan_sync(have, desired_slices(NODE, UID, NV, devs, now=NOW))
+    assert plan.writes == 1 and plan.generation == 2
+    (upd,) = plan.updates
+    names = [d["name"] for d in upd["spec"]["devices"]]
+    assert "gpu-700" in names and len(names) == 64
+    assert upd["metadata"]["name"] == next(
+        h["metadata"]["name"]
+        for h in have
+        if "gpu-700" in {d["name"] for d in h["spec"]["devices"]}
+    )
+
+
+def test_plan_layout_change_bumps_every_slice_once() -> None:
+    have = stored(desired_slices(NODE, UID, NV, [gpu(i) for i in range(64)], now=NOW), 4)
+    want = desired_slices(NODE, UID, NV, [gpu(i) for i in range(65)], now=NOW)
+    plan = plan_sync(have, want)
+    assert plan.generation == 5 and len(plan.updates) == 1 and len(plan.creates) == 1
+    assert {o["spec"]["pool"]["generation"] for o in plan.updates + plan.creates} == {5}
 
 
 def test_plan_keeps_taint_time() -> None:
