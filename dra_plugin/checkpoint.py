@@ -95,6 +95,7 @@ class DeviceRecord:
     cdi_ids: tuple[str, ...]
     share_id: str | None = None
     admin_access: bool = False
+    shares: int = 0  # shares of a shared device this result consumes (0: not a share)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -127,6 +128,7 @@ def _device_json(d: DeviceRecord) -> dict[str, Any]:
         "cdiIds": list(d.cdi_ids),
         "shareId": d.share_id,
         "adminAccess": d.admin_access,
+        "shares": d.shares,
     }
 
 
@@ -182,6 +184,9 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
         if not isinstance(d, dict):
             raise CheckpointError(f"claim {uid}: device entry is not an object")
         share = d.get("shareId")
+        shares = d.get("shares")
+        if not isinstance(shares, int) or isinstance(shares, bool) or shares < 0:
+            shares = 1 if isinstance(share, str) else 0  # written before shares were recorded
         devices.append(
             DeviceRecord(
                 request_names=_strs(d, "requestNames"),
@@ -190,6 +195,7 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
                 cdi_ids=_strs(d, "cdiIds"),
                 share_id=share if isinstance(share, str) else None,
                 admin_access=d.get("adminAccess") is True,
+                shares=shares,
                 extra={k: v for k, v in d.items() if k not in _DEVICE_KEYS},
             )
         )
@@ -211,7 +217,7 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
     )
 
 
-_DEVICE_KEYS = {"requestNames", "pool", "device", "cdiIds", "shareId", "adminAccess"}
+_DEVICE_KEYS = {"requestNames", "pool", "device", "cdiIds", "shareId", "adminAccess", "shares"}
 _CLAIM_KEYS = {"uid", "namespace", "name", "state", "specFile", "bootId", "recovered", "devices"}
 
 

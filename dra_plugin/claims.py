@@ -1,7 +1,8 @@
-"""Claim preparation: the contract the gRPC servicers call.
+"""Claim preparation for one DRA driver: claim -> allocated devices -> CDI spec + checkpoint.
 
-Per-claim outcomes are data (`PrepareResult.error`); only a failure of the whole call
-raises. The implementation lives below the types.
+The contract the gRPC servicers call is in `claimcontract.py` (re-exported here); which
+results are ours and whether a device may be used (shares included) is `allocation.py`;
+crash and reboot recovery is `recovery.py`.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from dra_plugin import cdi
+from dra_plugin import cdi, recovery
+from dra_plugin.allocation import ClaimError, Holdings, select
 from dra_plugin.checkpoint import (
     COMPLETED,
     STARTED,
@@ -25,45 +27,28 @@ from dra_plugin.checkpoint import (
     State,
     read_boot_id,
 )
-from dra_plugin.devices import NVIDIA, Device, is_dns_label, is_dns_subdomain
+from dra_plugin.claimcontract import (
+    ClaimHandler,
+    ClaimRef,
+    PreparedDevice,
+    PrepareResult,
+    check_ref,
+    prepared_result,
+)
+from dra_plugin.devices import NVIDIA, Device
 from dra_plugin.kubeapi import ApiError, NotFoundError
+from dra_plugin.recovery import who as _who
+from dra_plugin.sharing import Sharing
 
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """What the kubelet sends for each claim."""
-
-    namespace: str
-    uid: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"claim {self.namespace}/{self.name} (uid {self.uid})"
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    request_names: tuple[str, ...]
-    pool_name: str
-    device_name: str
-    cdi_device_ids: tuple[str, ...]
-    share_id: str | None = None
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
-
-
-class ClaimHandler(Protocol):
-    """One per DRA driver. Returns an entry for every claim passed in."""
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """uid -> error text ('' on success)."""
-        ...
+__all__ = [
+    "ClaimError",
+    "ClaimHandler",
+    "ClaimPreparer",
+    "ClaimRef",
+    "PrepareResult",
+    "PreparedDevice",
+    "check_ref",
+]
 
 
 # --- implementation ------------------------------------------------------------------
@@ -80,44 +65,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 FETCH_CONCURRENCY = 8
 FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
-
-
-class ClaimError(Exception):
-    """A per-claim failure; the message names the claim and becomes the kubelet's error."""
-
-
-def _short(value: str) -> str:
-    return repr(value if len(value) <= 80 else value[:80] + "...")
-
-
-def check_ref(ref: ClaimRef) -> str:
-    """'' when the kubelet's claim reference is safe to use (UIDs become file names)."""
-    if not cdi.valid_claim_uid(ref.uid):
-        return (
-            f"claim {_short(ref.namespace)}/{_short(ref.name)} (uid {_short(ref.uid)}): "
-            "the UID is not a DNS label (lowercase a-z, 0-9, '-', at most 63); refused "
-            "before it could become a file name"
-        )
-    if not is_dns_label(ref.namespace) or not is_dns_subdomain(ref.name):
-        return (
-            f"claim {_short(ref.namespace)}/{_short(ref.name)} (uid {ref.uid}): namespace "
-            "must be a DNS label and name a DNS subdomain"
-        )
-    return ""
-
-
-def _prepared(rec: ClaimRecord) -> PrepareResult:
-    return PrepareResult(
-        devices=tuple(
-            PreparedDevice(d.request_names, d.pool, d.device, d.cdi_ids, d.share_id)
-            for d in rec.devices
-        )
-    )
-
-
-def _exclusive(admin_access: bool, share_id: str | None) -> bool:
-    # adminAccess results and shared (shareID) allocations do not own the device alone.
-    return not admin_access and share_id is None
 
 
 class ClaimPreparer:
@@ -143,6 +90,7 @@ class ClaimPreparer:
         on_step: Callable[[str], None] | None = None,
         on_held: Callable[[set[str]], None] | None = None,
         boot_id: Callable[[], str] = read_boot_id,
+        sharing: Sharing | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -153,6 +101,7 @@ class ClaimPreparer:
         self._on_step = on_step
         self._on_held = on_held
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
+        self.sharing = sharing
         self._lock = asyncio.Lock()
         self._plan_reason = ""
         self.held: set[str] = set()
@@ -219,60 +168,14 @@ class ClaimPreparer:
         return result, held
 
     def _settle(self, state: State) -> bool:
-        """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone."""
-        changed = False
-        for uid, rec in list(state.claims.items()):
-            if rec.state not in (STARTED, UNPREPARING):
-                continue
-            try:
-                if rec.spec_file:
-                    cdi.remove_spec(self.cdi_root, rec.spec_file)
-            except OSError as exc:
-                log.error("cannot remove CDI spec uid=%s file=%s error=%s", uid, rec.spec_file, exc)
-                continue
-            log.warning(
-                "%s: %s was interrupted (crash); %s",
-                _who(rec),
-                *(("prepare", "undone") if rec.state == STARTED else ("unprepare", "finished")),
-            )
-            del state.claims[uid]
-            changed = True
-        return changed
+        return recovery.settle(state, self.cdi_root)
 
     def _startup(self, state: State) -> None:
         self._checkpoint.remove_temp_files()
-        removed = cdi.gc_spec_files(self.cdi_root, self.driver, state.claims)
-        for path in removed:
-            log.warning("removed orphan CDI spec path=%s", path)
-        log.info(
-            "claims loaded driver=%s prepared=%d orphans_removed=%d",
-            self.driver,
-            len(state.claims),
-            len(removed),
-        )
+        recovery.collect_orphans(state, self.cdi_root, self.driver)
 
     def _rebuild(self) -> dict[str, ClaimRecord]:
-        """Records from our spec files, for a checkpoint that had to be moved aside."""
-        out: dict[str, ClaimRecord] = {}
-        for uid, path in cdi.list_spec_files(self.cdi_root, [self.driver])[self.driver].items():
-            spec = cdi.read_spec(path) or {}
-            devices = []
-            for dev in spec.get("devices", []):
-                name = dev.get("name", "") if isinstance(dev, dict) else ""
-                if isinstance(name, str) and name.startswith(uid + "-"):
-                    device = name[len(uid) + 1 :]
-                    devices.append(
-                        DeviceRecord(
-                            (),
-                            self.node_name,
-                            device,
-                            (cdi.qualified_id(self.driver, uid, device),),
-                        )
-                    )
-            out[uid] = ClaimRecord(
-                uid, "", "", COMPLETED, path.name, tuple(devices), recovered=True
-            )
-        return out
+        return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
 
     def _known_completed(self) -> set[str]:
         try:
@@ -304,43 +207,6 @@ class ClaimPreparer:
         got = await asyncio.gather(*(one(r) for r in refs))
         return {r.uid: g for r, g in zip(refs, got, strict=True)}
 
-    def _select(
-        self,
-        ref: ClaimRef,
-        claim: Mapping[str, Any],
-        devices: Mapping[str, Device],
-        held: Mapping[str, list[tuple[ClaimRecord | ClaimRef, bool]]],
-    ) -> list[tuple[dict[str, Any], Device]]:
-        """Our allocation results and their devices, or ClaimError."""
-        meta = claim.get("metadata") or {}
-        if meta.get("uid") != ref.uid:
-            raise ClaimError(f"{ref}: replaced: the API now has uid {meta.get('uid')!r}")
-        alloc = (claim.get("status") or {}).get("allocation")
-        if not alloc:
-            raise ClaimError(f"{ref}: not allocated")
-        chosen = []
-        for r in (alloc.get("devices") or {}).get("results") or []:
-            if not isinstance(r, Mapping):
-                continue
-            if r.get("driver") != self.driver or r.get("pool") != self.node_name:
-                continue
-            dev = devices.get(str(r.get("device")))
-            if dev is None:
-                raise ClaimError(
-                    f"{ref}: device {r.get('device')} is not published by "
-                    f"{self.driver} on node {self.node_name}"
-                )
-            if _exclusive(r.get("adminAccess") is True, r.get("shareID")):
-                for owner, owner_exclusive in held.get(dev.name, []):
-                    if owner_exclusive and owner.uid != ref.uid:
-                        raise ClaimError(
-                            f"{ref}: device {dev.name} is already prepared for "
-                            f"claim {owner.namespace}/{owner.name} (uid "
-                            f"{owner.uid})"
-                        )
-            chosen.append((dict(r), dev))
-        return chosen
-
     def _plan(self, devices: Iterable[Device]) -> cdi.NvidiaPlan | None:
         uuids = [d.uuid or d.name for d in devices if d.vendor == NVIDIA]
         if not uuids:
@@ -370,17 +236,13 @@ class ClaimPreparer:
         devices: Mapping[str, Device],
     ) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
-        held: dict[str, list[tuple[ClaimRecord | ClaimRef, bool]]] = {}
-        for owner in state.claims.values():
-            for d in owner.devices:
-                excl = _exclusive(d.admin_access, d.share_id)
-                held.setdefault(d.device, []).append((owner, excl))
+        holdings = Holdings.of(state.claims.values(), self.sharing)
         pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
         for ref in refs:
             rec = state.claims.get(ref.uid)
             if rec is not None and rec.state == COMPLETED and not rec.recovered:
                 try:
-                    out[ref.uid] = _prepared(self._ensure_spec(state, rec, devices))
+                    out[ref.uid] = prepared_result(self._ensure_spec(state, rec, devices))
                 except (cdi.CdiError, OSError) as exc:
                     out[ref.uid] = PrepareResult(error=f"{ref}: {exc}")
                 continue
@@ -392,8 +254,16 @@ class ClaimPreparer:
                 out[ref.uid] = PrepareResult(error=got)
                 continue
             try:
-                chosen = self._select(ref, got, devices, held)
-                rendered = self._render(ref.uid, [d for _, d in chosen]) if chosen else None
+                chosen = select(
+                    str(ref),
+                    ref.uid,
+                    got,
+                    driver=self.driver,
+                    pool=self.node_name,
+                    devices=devices,
+                    holdings=holdings,
+                )
+                rendered = self._render(ref.uid, [c.device for c in chosen]) if chosen else None
             except (ClaimError, cdi.CdiError) as exc:
                 msg = str(exc) if isinstance(exc, ClaimError) else f"{ref}: {exc}"
                 out[ref.uid] = PrepareResult(error=msg)
@@ -403,27 +273,28 @@ class ClaimPreparer:
                 continue
             records = tuple(
                 DeviceRecord(
-                    request_names=(str(r.get("request", "")),),
+                    request_names=(c.request,),
                     pool=self.node_name,
-                    device=d.name,
-                    cdi_ids=rendered.cdi_ids[d.name],
-                    share_id=r["shareID"] if isinstance(r.get("shareID"), str) else None,
-                    admin_access=r.get("adminAccess") is True,
+                    device=c.device.name,
+                    cdi_ids=rendered.cdi_ids[c.device.name],
+                    share_id=c.share_id,
+                    admin_access=c.admin,
+                    shares=c.shares,
                 )
-                for r, d in chosen
+                for c in chosen
             )
-            started = ClaimRecord(
-                ref.uid,
-                ref.namespace,
-                ref.name,
-                STARTED,
-                rendered.file_name,
-                records,
-                boot_id=self._checkpoint.boot_id,
+            pending[ref.uid] = (
+                ClaimRecord(
+                    ref.uid,
+                    ref.namespace,
+                    ref.name,
+                    STARTED,
+                    rendered.file_name,
+                    records,
+                    boot_id=self._checkpoint.boot_id,
+                ),
+                rendered,
             )
-            for d in records:
-                held.setdefault(d.device, []).append((ref, _exclusive(d.admin_access, d.share_id)))
-            pending[ref.uid] = (started, rendered)
         if not pending:
             return out
         # Phase 1: record intent before any side effect. Not fsync'd: a process crash
@@ -446,7 +317,7 @@ class ClaimPreparer:
         # Phase 3: done.
         for uid, (rec, _) in pending.items():
             state.claims[uid] = replace(rec, state=COMPLETED)
-            out[uid] = _prepared(state.claims[uid])
+            out[uid] = prepared_result(state.claims[uid])
             log.info("prepared %s devices=%s", _who(rec), ",".join(d.device for d in rec.devices))
         self._checkpoint.save(state)
         self._step("claim-completed")
@@ -510,7 +381,3 @@ class ClaimPreparer:
             self._checkpoint.save(state)
             self._step("claim-dropped")
         return out
-
-
-def _who(rec: ClaimRecord) -> str:
-    return str(ClaimRef(rec.namespace, rec.uid, rec.name))

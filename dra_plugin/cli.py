@@ -87,10 +87,14 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         _table(inv, out)
         return 0
     objects: list[dict[str, Any]] = []
+    vendor_of = {d: v for v, d in cfg.drivers.items()}
     for driver, devs in inv.devices.items():
         # Offline there is no Node UID: the owner reference is added by `run`.
+        share = cfg.sharing(vendor_of.get(driver, ""))
         objects.extend(
-            slices.desired_slices(cfg.node_name, "", driver, devs, taint_effect=cfg.taint_effect)
+            slices.desired_slices(
+                cfg.node_name, "", driver, devs, taint_effect=cfg.taint_effect, sharing=share
+            )
         )
     doc = {"apiVersion": "v1", "kind": "List", "items": objects}
     if cfg.output == "json":

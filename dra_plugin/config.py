@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import AMD, INTEL, NVIDIA, VENDOR_ORDER, is_dns_subdomain, valid_driver_name
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 CDI_STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
@@ -57,6 +58,11 @@ class Config:
     health_check_timeout_seconds: int = 30
     taint_effect: str = "NoSchedule"
     xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
+    intel_sharing: str = EXCLUSIVE
+    intel_shares: int = DEFAULT_SHARES
+    nvidia_sharing: str = EXCLUSIVE
+    nvidia_shares: int = DEFAULT_SHARES
+    nvidia_shared_memory: bool = False
     output: str = "table"
 
     # --- derived paths -------------------------------------------------------------
@@ -69,6 +75,14 @@ class Config:
             AMD: self.amd_driver_name,
         }
         return {v: names[v] for v in self.vendors}
+
+    def sharing(self, vendor: str) -> Sharing | None:
+        """How `vendor`'s devices are shared; None: each device goes to one claim."""
+        if vendor == INTEL and self.intel_sharing == SHARED:
+            return Sharing(self.intel_shares)
+        if vendor == NVIDIA and self.nvidia_sharing == SHARED:
+            return Sharing(self.nvidia_shares, memory=self.nvidia_shared_memory)
+        return None
 
     def plugin_dir(self, driver: str) -> Path:
         return self.plugins_dir / driver
@@ -191,6 +205,31 @@ _RUN = (
         "10",
     ),
     _Opt(
+        "--intel-sharing",
+        "INTEL_SHARING",
+        "exclusive: one claim per Intel GPU; shared: several claims share one (consumable "
+        "capacity, Kubernetes 1.34+ with DRAConsumableCapacity)",
+        EXCLUSIVE,
+        MODES,
+    ),
+    _Opt("--intel-shares", "INTEL_SHARES", "shares per Intel GPU when shared", "8"),
+    _Opt(
+        "--nvidia-sharing",
+        "NVIDIA_SHARING",
+        "exclusive: one claim per NVIDIA GPU; shared: several claims share one",
+        EXCLUSIVE,
+        MODES,
+    ),
+    _Opt("--nvidia-shares", "NVIDIA_SHARES", "shares per NVIDIA GPU when shared", "8"),
+    _Opt(
+        "--nvidia-shared-memory",
+        "NVIDIA_SHARED_MEMORY",
+        "shared NVIDIA GPUs also publish memory as consumable capacity (booked by the "
+        "scheduler, not enforced on the GPU)",
+        "false",
+        ("true", "false"),
+    ),
+    _Opt(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
@@ -307,6 +346,12 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
             f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of integers"
         ) from None
 
+    shares = {}
+    for key in ("intel_shares", "nvidia_shares"):
+        shares[key] = int(_number(key.upper(), raw[key], int, 1))
+        if shares[key] > MAX_SHARES:
+            raise ConfigError(f"{key.upper()}={raw[key]!r} must be <= {MAX_SHARES}")
+
     max_version = raw["cdi_max_version"]
     parts = max_version.split(".")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
@@ -348,6 +393,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         ),
         taint_effect=raw["taint_effect"],
         xid_ignore=xids,
+        intel_sharing=raw["intel_sharing"],
+        intel_shares=shares["intel_shares"],
+        nvidia_sharing=raw["nvidia_sharing"],
+        nvidia_shares=shares["nvidia_shares"],
+        nvidia_shared_memory=raw["nvidia_shared_memory"] == "true",
         output=getattr(ns, "output", "table"),
     )
     if cfg.metrics_port > 65535:

@@ -133,7 +133,10 @@ async def run(cfg: Config) -> int:
         log.error("cannot configure the API client: %s", exc)
         return 1
     health = HealthTracker(pool=cfg.node_name)
-    publisher = SlicePublisher(api, cfg.node_name, drivers, taint_effect=cfg.taint_effect)
+    sharing = {d: sh for v, d in cfg.drivers.items() if (sh := cfg.sharing(v)) is not None}
+    publisher = SlicePublisher(
+        api, cfg.node_name, drivers, taint_effect=cfg.taint_effect, sharing=sharing
+    )
     node = Node(cfg, health, publisher)
 
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
@@ -148,6 +151,7 @@ async def run(cfg: Config) -> int:
             fetch_claim=api.get_claim,
             devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
             on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
+            sharing=sharing.get(driver),
         )
         await preparer.startup()
         preparers[driver] = preparer

@@ -13,12 +13,13 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dra_plugin import metrics
 from dra_plugin.devices import Device, InvalidDeviceError
 from dra_plugin.kubeapi import ApiError, Backoff, ConflictError, KubeAPI, NotFoundError
+from dra_plugin.sharing import Sharing
 from dra_plugin.slices import (
     Obj,
     content_key,
@@ -60,6 +61,7 @@ class SlicePublisher:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         resync_seconds: float = 600.0,
+        sharing: Mapping[str, Sharing] | None = None,
     ) -> None:
         self._api = api
         self.node_name = node_name
@@ -73,6 +75,8 @@ class SlicePublisher:
         self._idle = {d: asyncio.Event() for d in self.drivers}
         self._last_generation: dict[str, int] = {}
         self._drops_taints: set[str] = set()
+        self._sharing = dict(sharing or {})
+        self._drops_sharing: set[str] = set()  # the server does not keep consumable capacity
         self._own_rvs: deque[str] = deque(maxlen=4096)  # echoes of our own writes
         self._own_deletes: deque[str] = deque(maxlen=1024)
         # Watch events that arrive while we write may be our own echoes whose
@@ -199,6 +203,7 @@ class SlicePublisher:
             api_version=self._version,
             generation=1,
             taint_effect=self.taint_effect,
+            sharing=self.sharing(driver),
         )
         if driver in self._drops_taints:
             strip_taints(desired)
@@ -216,14 +221,19 @@ class SlicePublisher:
             len(plan.deletes),
         )
         # Updates and creates first, deletes last: the pool is never emptier than needed.
+        shared = self.sharing(driver) is not None
         for obj in plan.updates:
             self._note_write(driver, obj, await self._api.update_slice(obj))
             self.stats.updates += 1
             metrics.slice_write(driver, "update")
+            if shared and driver in self._drops_sharing:
+                return await self._reconcile(driver)  # at once, as exclusive devices
         for obj in plan.creates:
             self._note_write(driver, obj, await self._api.create_slice(obj))
             self.stats.creates += 1
             metrics.slice_write(driver, "create")
+            if shared and driver in self._drops_sharing:
+                return await self._reconcile(driver)
         for name, rv in plan.deletes:
             self._own_deletes.append(name)
             with contextlib.suppress(NotFoundError):  # already gone: what we wanted
@@ -235,11 +245,29 @@ class SlicePublisher:
         self._last_generation[driver] = plan.generation
         self.stats.generations[driver] = plan.generation
 
+    def sharing(self, driver: str) -> Sharing | None:
+        """How `driver` publishes its devices now (None: exclusive, also after fallback)."""
+        return None if driver in self._drops_sharing else self._sharing.get(driver)
+
     def _note_write(self, driver: str, sent: Obj, got: Obj) -> None:
         self.stats.writes += 1
         rv = str(got.get("metadata", {}).get("resourceVersion", ""))
         if rv:
             self._own_rvs.append(rv)
+        if _multi(sent) and not _multi(got):
+            # Like the taint case below: the server dropped fields behind a feature gate.
+            # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
+            self._drops_sharing.add(driver)
+            log.error(
+                "the API server dropped allowMultipleAllocations and the capacity request "
+                "policies: GPU sharing needs the DRAConsumableCapacity feature gate (beta "
+                "and on by default from Kubernetes 1.36, alpha in 1.34-1.35) on the API "
+                "server, scheduler and kubelet; publishing driver=%s devices for exclusive "
+                "use (one claim per device). Enable the gate, or set the sharing mode to "
+                "exclusive to silence this",
+                driver,
+            )
+            return
         if content_key(sent) != content_key(got) and driver not in self._drops_taints:
             sent_taints = any(
                 flat_device(d).get("taints") for d in sent["spec"].get("devices") or []
@@ -296,3 +324,10 @@ class SlicePublisher:
             for driver in self.drivers:
                 if self._devices[driver] is not None:
                     self._mark(driver)
+
+
+def _multi(obj: Obj) -> bool:
+    return any(
+        flat_device(d).get("allowMultipleAllocations") is True
+        for d in obj.get("spec", {}).get("devices") or []
+    )

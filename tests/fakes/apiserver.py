@@ -35,6 +35,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -292,6 +293,15 @@ def _validate_device(raw: Obj, dev: Obj, path: str, version: str) -> list[tuple[
                     f"Invalid value: {value!r}: quantities must match the regular expression",
                 )
             )
+            continue
+        policy = cap.get("requestPolicy")
+        if policy is None:
+            continue
+        ppath = f"{path}.capacity[{key}].requestPolicy"
+        if dev.get("allowMultipleAllocations") is not True:
+            errs.append((ppath, "Forbidden: allowMultipleAllocations must be true"))
+        else:
+            errs.extend(_request_policy_errors(_qty(value), policy, ppath))
     taints = dev.get("taints") or []
     if len(taints) > MAX_TAINTS:
         errs.append(
@@ -315,6 +325,91 @@ def _validate_device(raw: Obj, dev: Obj, path: str, version: str) -> list[tuple[
                 )
             )
     return errs
+
+
+def _qty(value: Any) -> Decimal:
+    m = _QUANTITY.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a quantity")
+    suffix = m.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Decimal(m.group(1)) * Decimal(10) ** int(suffix[1:])
+    scale = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
+    if suffix in scale:
+        return Decimal(m.group(1)) * Decimal(scale[suffix])
+    power = "KMGTPE".index(suffix[0].upper()) + 1
+    base = 1024 if suffix.endswith("i") else 1000
+    return Decimal(m.group(1)) * Decimal(base) ** power
+
+
+def _request_policy_errors(capacity: Decimal, policy: Obj, path: str) -> list[tuple[str, str]]:
+    """kubernetes validateRequestPolicy (DRAConsumableCapacity), field by field."""
+    errs: list[tuple[str, str]] = []
+    unknown = set(policy) - {"default", "validValues", "validRange"}
+    if unknown:
+        return [(path, f"unknown field(s) {sorted(unknown)}")]
+    try:
+        values = [_qty(v) for v in policy.get("validValues") or []]
+        rng = policy.get("validRange")
+        default = _qty(policy["default"]) if policy.get("default") is not None else None
+        if values and rng is not None:
+            return [(path, 'Forbidden: cannot specify "validValues" and "validRange"')]
+        if values:
+            if default is None:
+                return [(f"{path}.default", "Required value: required when validValues is set")]
+            if len(values) > 10:
+                errs.append((f"{path}.validValues", "Too many: must have at most 10 items"))
+            if values != sorted(values):
+                errs.append((f"{path}.validValues", "Invalid value: must be sorted ascending"))
+            if any(v > capacity for v in values):
+                errs.append((f"{path}.validValues", "Invalid value: larger than capacity"))
+            if default not in values:
+                errs.append((f"{path}.validValues", "Invalid value: default is not valid"))
+        if rng is not None:
+            if default is None:
+                return [(f"{path}.default", "Required value: required when validRange is set")]
+            if rng.get("min") is None:
+                return [(f"{path}.validRange.min", "Required value")]
+            low = _qty(rng["min"])
+            if low > capacity:
+                errs.append(
+                    (f"{path}.validRange.min", "Invalid value: min is larger than capacity")
+                )
+            if default < low:
+                errs.append((f"{path}.validRange.min", "Invalid value: default is less than min"))
+            high = _qty(rng["max"]) if rng.get("max") is not None else None
+            if high is not None:
+                if low > high:
+                    errs.append((f"{path}.validRange.max", "Invalid value: min is larger than max"))
+                if high > capacity:
+                    errs.append((f"{path}.validRange.max", "Invalid value: max > capacity"))
+                if default > high:
+                    errs.append(
+                        (f"{path}.validRange.max", "Invalid value: default is more than max")
+                    )
+            if rng.get("step") is not None:
+                step = _qty(rng["step"])
+                if low + step > capacity:
+                    errs.append((f"{path}.validRange.step", "Invalid value: one step > capacity"))
+                for v in (default, high):
+                    if v is not None and (v - low) % step != 0:
+                        errs.append((f"{path}.validRange.step", f"Invalid value: {v} off step"))
+    except ValueError as exc:
+        errs.append((path, f"Invalid value: {exc}"))
+    return errs
+
+
+def drop_disabled_fields(obj: Obj, version: str, *, consumable_capacity: bool) -> None:
+    """What the real server does before validation for gates that are off: drop the
+    gated fields silently (the client learns of it only from the object it gets back)."""
+    if consumable_capacity:
+        return
+    for raw in (obj.get("spec") or {}).get("devices") or []:
+        dev = (raw.get("basic") or {}) if version == "v1beta1" else raw
+        dev.pop("allowMultipleAllocations", None)
+        for cap in (dev.get("capacity") or {}).values():
+            if isinstance(cap, dict):
+                cap.pop("requestPolicy", None)
 
 
 # --- version conversion: stored objects are v1-shaped -----------------------------------
@@ -449,11 +544,15 @@ class FakeAPIServer:
         allow: Iterable[tuple[str, str, str]] | None = None,
         history: int = 10000,
         git_version: str = "v1.35.0",
+        consumable_capacity: bool = True,
     ) -> None:
         self.versions = tuple(v for v in ALL_VERSIONS if v in set(versions))
         self.host = host
         self.port = port
         self.git_version = git_version
+        # Feature gate DRAConsumableCapacity (beta, on by default from 1.36): when off, the
+        # server drops allowMultipleAllocations, requestPolicy and claims' shareID.
+        self.consumable_capacity = consumable_capacity
         # (verb, group, resource) triples a SelfSubjectAccessReview allows; None: allow all.
         self.allow: set[tuple[str, str, str]] | None = set(allow) if allow is not None else None
         self.lock = threading.Condition()
@@ -578,6 +677,11 @@ class FakeAPIServer:
         meta.setdefault("uid", str(uuid.uuid4()))
         claim.setdefault("apiVersion", f"{GROUP}/v1")
         claim.setdefault("kind", "ResourceClaim")
+        if not self.consumable_capacity:
+            alloc = (claim.get("status") or {}).get("allocation") or {}
+            for r in (alloc.get("devices") or {}).get("results") or []:
+                r.pop("shareID", None)
+                r.pop("consumedCapacity", None)
         with self.lock:
             meta["resourceVersion"] = self._next_rv()
             self.claims[(meta["namespace"], meta["name"])] = claim
@@ -687,6 +791,7 @@ class FakeAPIServer:
             alphabet = "bcdfghjklmnpqrstvwxz2456789"
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
+        drop_disabled_fields(body, version, consumable_capacity=self.consumable_capacity)
         self._validate(version, body, name)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
@@ -721,6 +826,7 @@ class FakeAPIServer:
                 "the name of the object "
                 f"({meta.get('name')}) does not match the name on the URL ({name})",
             )
+        drop_disabled_fields(body, version, consumable_capacity=self.consumable_capacity)
         self._validate(version, body, name)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"

@@ -27,6 +27,7 @@ from dra_plugin.checkpoint import COMPLETED, FILE_NAME, State, decode
 from dra_plugin.claims import ClaimPreparer, ClaimRef
 from dra_plugin.devices import INTEL, NVIDIA, Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
+from dra_plugin.sharing import Sharing
 
 DRIVER = "gpu.intel.com"
 NODE = "mini-1"
@@ -131,6 +132,7 @@ def preparer(
     boot: str = "boot-1",
     on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
+    sharing: Sharing | None = None,
 ) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
@@ -144,6 +146,7 @@ def preparer(
         devices=lambda: {d.name: d for d in devices},
         on_step=on_step,
         boot_id=lambda: boot,
+        sharing=sharing,
     )
 
 
@@ -159,6 +162,12 @@ def check_consistent(root: Path, driver: str = DRIVER) -> dict[str, Any]:
         spec = json.loads(files[u].read_text())
         errors = cdispec.validate_spec(spec)
         assert not errors, errors
+    shares: dict[str, int] = {}
+    for rec in state.claims.values():
+        for d in rec.devices:
+            if d.share_id is not None:
+                shares[d.device] = shares.get(d.device, 0) + d.shares
+    assert all(n <= N_SHARED for n in shares.values()), f"over-subscribed: {shares}"
     orphans = set(files) - set(state.claims)
     assert not orphans, f"orphan spec files {orphans}"
     leftovers = [n for n in os.listdir(cdi_dir) if ".tmp" in n]
@@ -167,14 +176,25 @@ def check_consistent(root: Path, driver: str = DRIVER) -> dict[str, Any]:
 
 
 # --- crash rounds --------------------------------------------------------------------
-N_CLAIMS = 8
+N_EXCLUSIVE = 8
+N_SHARED = 4  # claims 8..11 share one more device, which has exactly that many shares
+N_CLAIMS = N_EXCLUSIVE + N_SHARED
+SHARING = Sharing(N_SHARED)
 REPORT = "report.json"
 KILLED_AT = "killed_at"
 
 
+def share_id(i: int) -> str:
+    return f"5ea1{i:04x}-0000-4000-8000-{i:012x}"
+
+
 def _world() -> tuple[FakeApi, list[Device]]:
-    devices = [intel_device(i) for i in range(N_CLAIMS)]
-    claims = [claim(i, [result(devices[i].name)]) for i in range(N_CLAIMS)]
+    devices = [intel_device(i) for i in range(N_EXCLUSIVE + 1)]
+    claims = [claim(i, [result(devices[i].name)]) for i in range(N_EXCLUSIVE)]
+    claims += [
+        claim(i, [result(devices[N_EXCLUSIVE].name, shareID=share_id(i))])
+        for i in range(N_EXCLUSIVE, N_CLAIMS)
+    ]
     # One claim also looks at device 0 with adminAccess: allowed next to its owner.
     claims[1]["status"]["allocation"]["devices"]["results"].append(
         result(devices[0].name, request="monitor", adminAccess=True)
@@ -197,7 +217,7 @@ async def _do(
     root: Path, call: Call, on_step: Callable[[str], None] | None, report: dict[str, Any]
 ) -> dict[str, str]:
     api, devices = _world()
-    p = preparer(root, api, devices, boot=call.boot, on_step=on_step)
+    p = preparer(root, api, devices, boot=call.boot, on_step=on_step, sharing=SHARING)
     await p.startup()
     try:  # startup recovery alone must leave a consistent state
         check_consistent(root)

@@ -13,6 +13,7 @@ import pytest
 from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
 from dra_plugin.publisher import SlicePublisher
+from dra_plugin.sharing import Sharing
 from tests.fakes import apiserver
 from tests.fakes.apiserver import FakeAPIServer
 
@@ -358,3 +359,72 @@ def test_v1beta1_only_server() -> None:
 
         scenario(srv, body)
         assert stored_devices(srv) == ["gpu-0", "gpu-1"]
+
+
+def intel_gpus(n: int) -> list[Device]:
+    return [
+        make_device(
+            name=f"0000-0{i}-00-0-0x56a0",
+            vendor="intel",
+            driver=INTEL,
+            attributes={"model": "Arc A770"},
+            capacity={"memory": 16 * 2**30},
+        )
+        for i in range(n)
+    ]
+
+
+def shared_devices(srv: FakeAPIServer) -> list[Obj]:
+    return [d for s in pools(srv, INTEL) for d in s["spec"].get("devices", [])]
+
+
+def test_shared_pool_is_kept_by_a_gate_on_server(server: FakeAPIServer) -> None:
+    async def body(api: RecordingAPI) -> None:
+        pub = publisher(api, (INTEL,), sharing={INTEL: Sharing(8)})
+        pub.set_devices(INTEL, intel_gpus(2))
+        await pub.start()
+        assert await pub.wait_synced()
+        await pub.stop()
+        for obj in api.sent:
+            kubernetes_validate.validate(obj, "1.36.0", strict=True)
+        writes = server.writes()
+        again = publisher(api, (INTEL,), sharing={INTEL: Sharing(8)})
+        again.set_devices(INTEL, intel_gpus(2))
+        await again.start()
+        assert await again.wait_synced()
+        await asyncio.sleep(0.3)
+        assert server.writes() == writes  # the server wrote the quantities back unchanged
+        await again.stop()
+
+    scenario(server, body)
+    devs = shared_devices(server)
+    assert len(devs) == 2
+    assert all(d["allowMultipleAllocations"] is True for d in devs)
+    assert all(d["capacity"]["shares"]["value"] == "8" for d in devs)
+
+
+def test_gate_off_server_falls_back_to_exclusive_once(caplog: pytest.LogCaptureFixture) -> None:
+    with FakeAPIServer(consumable_capacity=False) as srv:
+        srv.add_node(NODE)
+
+        async def body(api: RecordingAPI) -> None:
+            pub = publisher(api, (INTEL,), sharing={INTEL: Sharing(8)})
+            pub.set_devices(INTEL, intel_gpus(3))
+            await pub.start()
+            assert await pub.wait_synced()
+            assert pub.sharing(INTEL) is None
+            pub.set_devices(INTEL, intel_gpus(2))  # later changes stay exclusive
+            await eventually(lambda: len(shared_devices(srv)) == 2)
+            assert await pub.wait_synced()
+            await asyncio.sleep(0.3)
+            await pub.stop()
+
+        with caplog.at_level("ERROR", logger="dra_plugin.publisher"):
+            scenario(srv, body)
+        devs = shared_devices(srv)
+        # Never left half-shared: no sharing fields, no shares capacity, memory as before.
+        assert all("allowMultipleAllocations" not in d for d in devs)
+        assert all(d["capacity"] == {"memory": {"value": str(16 * 2**30)}} for d in devs)
+        dropped = [r for r in caplog.records if "DRAConsumableCapacity" in r.getMessage()]
+        assert len(dropped) == 1
+        assert "exclusive" in dropped[0].getMessage() and "gpu.intel.com" in dropped[0].getMessage()

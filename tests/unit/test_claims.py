@@ -62,7 +62,7 @@ def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
     c = claim(
         1,
         [
-            result(D0, shareID="share-1"),
+            result(D0),
             result("gpu-0", driver="gpu.nvidia.com"),
             result(D1, pool="other-node"),
         ],
@@ -73,7 +73,7 @@ def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
     got = run(p.prepare([ref(c)]))
     assert got[uid(1)].error == ""
     assert got[uid(1)].devices == (
-        PreparedDevice(("gpu",), NODE, D0, (cdi_id(uid(1), D0),), share_id="share-1"),
+        PreparedDevice(("gpu",), NODE, D0, (cdi_id(uid(1), D0),)),
     )
     spec = json.loads((root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))).read_text())
     assert [d["name"] for d in spec["devices"]] == [f"{uid(1)}-{D0}"]
@@ -255,7 +255,7 @@ def test_startup_undoes_half_done_and_removes_orphans(root: Path) -> None:
 
 
 def test_corrupt_checkpoint_keeps_prepared_claims(root: Path) -> None:
-    c = claim(1, [result(D0, shareID="s")])
+    c = claim(1, [result(D0)])
     api = FakeApi([c])
     first = run(preparer(root, api, DEVICES).prepare([ref(c)]))
     (root / "state" / FILE_NAME).write_text("{{{ damaged")

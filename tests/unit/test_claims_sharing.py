@@ -1,0 +1,179 @@
+"""ClaimPreparer with shared devices (shareID), prioritized-list subrequests, share records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_plugin.checkpoint import FILE_NAME, decode
+from dra_plugin.claims import PreparedDevice
+from dra_plugin.sharing import Sharing
+from tests.fakes.claim_harness import (
+    DRIVER,
+    NODE,
+    FakeApi,
+    check_consistent,
+    claim,
+    intel_device,
+    preparer,
+    ref,
+    result,
+    uid,
+)
+
+DEVICES = [intel_device(i) for i in range(2)]
+D0, D1 = DEVICES[0].name, DEVICES[1].name
+
+
+def share_id(i: int) -> str:
+    return str(uuid.UUID(int=0x5EA1 << 64 | i))
+
+
+def shared(i: int, device: str = D0, **extra: Any) -> dict[str, Any]:
+    return claim(i, [result(device, shareID=share_id(i), **extra)])
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def who(i: int) -> str:
+    return f"claim default/claim-{i} (uid {uid(i)})"
+
+
+def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) -> None:
+    claims = [shared(i) for i in range(1, 5)]
+    p = preparer(tmp_path, FakeApi(claims), DEVICES, sharing=Sharing(3))
+    got = run(p.prepare([ref(c) for c in claims]))
+    for i in (1, 2, 3):
+        assert got[uid(i)].error == ""
+        assert got[uid(i)].devices == (
+            PreparedDevice(
+                ("gpu",), NODE, D0, (f"k8s.{DRIVER}/claim={uid(i)}-{D0}",), share_id(i)
+            ),
+        )
+    assert got[uid(4)].error == (
+        f"{who(4)}: device {D0} is over-subscribed: it has 3 shares, 3 are held by 3 "
+        "claim(s), this claim asks for 1"
+    )
+    state = decode((tmp_path / "state" / FILE_NAME).read_bytes(), DRIVER)
+    assert {u: [(d.share_id, d.shares) for d in r.devices] for u, r in state.claims.items()} == {
+        uid(i): [(share_id(i), 1)] for i in (1, 2, 3)
+    }
+    check_consistent(tmp_path)
+
+
+def test_consumed_capacity_counts_and_bad_values_are_named(tmp_path: Path) -> None:
+    big = claim(1, [result(D0, shareID=share_id(1), consumedCapacity={"shares": "3"})])
+    small = shared(2)
+    bad = claim(3, [result(D0, shareID=share_id(3), consumedCapacity={"shares": "500m"})])
+    not_uid = claim(4, [result(D0, shareID="../../x")])
+    p = preparer(tmp_path, FakeApi([big, small, bad, not_uid]), DEVICES, sharing=Sharing(4))
+    got = run(p.prepare([ref(big), ref(small), ref(bad), ref(not_uid)]))
+    assert got[uid(1)].error == "" and got[uid(2)].error == ""
+    assert "not a whole number" in got[uid(3)].error and got[uid(3)].error.startswith(who(3))
+    assert got[uid(4)].error == f"{who(4)}: device {D0}: shareID '../../x' is not a UID"
+    over = shared(5)
+    p._fetch = FakeApi([over]).get_claim
+    assert "4 are held by 2 claim(s)" in run(p.prepare([ref(over)]))[uid(5)].error
+
+
+def test_random_unprepare_order_device_free_only_after_the_last_share(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    shares = [shared(i) for i in range(1, 9)]
+    exclusive = claim(20, [result(D0)])
+    api = FakeApi([*shares, exclusive])
+    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(8))
+    assert all(not r.error for r in run(p.prepare([ref(c) for c in shares])).values())
+    order = list(shares)
+    rng.shuffle(order)
+    for n, c in enumerate(order):
+        assert p.held == {D0}
+        got = run(p.prepare([ref(exclusive)]))[uid(20)].error
+        assert got.startswith(f"{who(20)}: device {D0} is shared by {8 - n} other claim(s)")
+        assert run(p.unprepare([ref(c)])) == {c["metadata"]["uid"]: ""}
+        check_consistent(tmp_path)
+    assert p.held == set()
+    assert run(p.prepare([ref(exclusive)]))[uid(20)].error == ""
+    # ... and now a share is refused while the exclusive claim holds the device.
+    again = shared(1)
+    assert run(p.prepare([ref(again)]))[uid(1)].error == (
+        f"{who(1)}: device {D0} is prepared for exclusive use by {who(20)}; "
+        "it cannot also be shared"
+    )
+
+
+def test_share_on_an_exclusive_driver_is_refused(tmp_path: Path) -> None:
+    c = shared(1)
+    got = run(preparer(tmp_path, FakeApi([c]), DEVICES).prepare([ref(c)]))
+    assert got[uid(1)].error == (
+        f"{who(1)}: device {D0} was allocated as a share (shareID {share_id(1)}), but this "
+        "driver publishes its devices for exclusive use (sharing mode exclusive); delete and "
+        "re-create the claim"
+    )
+
+
+def test_two_shares_of_one_device_in_one_claim(tmp_path: Path) -> None:
+    c = claim(
+        1,
+        [
+            result(D0, request="a", shareID=share_id(1)),
+            result(D0, request="b", shareID=share_id(2)),
+        ],
+    )
+    p = preparer(tmp_path, FakeApi([c]), DEVICES, sharing=Sharing(2))
+    got = run(p.prepare([ref(c)]))[uid(1)]
+    assert got.error == ""
+    assert [(d.request_names, d.share_id) for d in got.devices] == [
+        (("a",), share_id(1)),
+        (("b",), share_id(2)),
+    ]
+    spec = json.loads(next((tmp_path / "cdi").glob("*.json")).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{uid(1)}-{D0}"]  # one device to inject
+    other = shared(2)
+    p._fetch = FakeApi([other]).get_claim
+    assert "2 are held by 1 claim(s)" in run(p.prepare([ref(other)]))[uid(2)].error
+
+
+@pytest.mark.parametrize("sharing", [None, Sharing(8)])
+def test_prioritized_list_subrequests_return_the_main_request(
+    tmp_path: Path, sharing: Sharing | None
+) -> None:
+    extra = {"shareID": share_id(1)} if sharing else {}
+    c = claim(
+        1,
+        [
+            result(D0, request="gpu/arc", **extra),
+            result(D1, request="media/any-intel"),
+            result("gpu-0", request="gpu/nvidia", driver="gpu.nvidia.com"),
+        ],
+    )
+    p = preparer(tmp_path, FakeApi([c]), DEVICES, sharing=sharing)
+    got = run(p.prepare([ref(c)]))[uid(1)]
+    assert got.error == ""
+    assert [(d.device_name, d.request_names) for d in got.devices] == [
+        (D0, ("gpu",)),
+        (D1, ("media",)),
+    ]
+    # The answer is the same from the checkpoint (idempotent re-prepare without the API).
+    p._fetch = FakeApi().get_claim
+    assert run(p.prepare([ref(c)]))[uid(1)] == got
+
+
+def test_rebuilt_records_count_as_one_share(tmp_path: Path) -> None:
+    claims = [shared(1), shared(2)]
+    p = preparer(tmp_path, FakeApi(claims), DEVICES, sharing=Sharing(2))
+    assert all(not r.error for r in run(p.prepare([ref(c) for c in claims])).values())
+    (tmp_path / "state" / FILE_NAME).write_text("garbage")
+    third = shared(3)
+    q = preparer(tmp_path, FakeApi([*claims, third]), DEVICES, sharing=Sharing(2))
+    assert "over-subscribed" in run(q.prepare([ref(third)]))[uid(3)].error
+    # The kubelet re-prepares a rebuilt claim: it is completed again, with its share ID.
+    assert run(q.prepare([ref(claims[0])]))[uid(1)].devices[0].share_id == share_id(1)
+    check_consistent(tmp_path)
