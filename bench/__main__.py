@@ -11,10 +11,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import SCHEMA, claims, fleet, report, scale, startup
+from bench import SCHEMA, claims, fleet, report, scale, sharing, startup
 from bench.node import BenchNode, why_unavailable
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
+SHARED_ENV = {"INTEL_SHARING": "shared", "INTEL_SHARES": "128"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def run_all(cfg: Settings) -> dict[str, Any]:
         )
         timings["startup_footprint_import"] = time.monotonic() - t
         t = time.monotonic()
-        daemon = node.start_daemon()
+        # Intel GPUs shared (the burst's claims hold shares; the sharing bench holds 64+1).
+        daemon = node.start_daemon(SHARED_ENV)
         try:
             daemon.wait_ready()
             node.wait_published()
@@ -99,6 +101,18 @@ def run_all(cfg: Settings) -> dict[str, Any]:
                     burst_rounds=cfg.burst_rounds,
                 )
             )
+            t_share = time.monotonic()
+            kubelet = node.cluster.kubelet()
+            try:
+                out["sharing"] = sharing.run(
+                    node,
+                    kubelet.wait_for(claims.INTEL),
+                    repeats=cfg.prepare_repeats,
+                    warmup=cfg.prepare_warmup,
+                )
+            finally:
+                kubelet.close()
+            timings["sharing"] = time.monotonic() - t_share
         finally:
             rc = daemon.terminate()
         if rc != 0:

@@ -58,8 +58,8 @@ class BenchNode:
     def node(self) -> str:
         return self.cluster.node
 
-    def start_daemon(self) -> Daemon:
-        return self.cluster.start_daemon()
+    def start_daemon(self, env: dict[str, str] | None = None) -> Daemon:
+        return self.cluster.start_daemon(env=env)
 
     def creations_since(self, t0: float) -> list[float]:
         with self._lock:

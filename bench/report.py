@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import sharing
+
 TARGET_PREPARE_RATIO = 3.0
 TARGET_FIRST_SLICE_MS = 1000.0
 TARGET_RSS_MIB = 60.0
@@ -45,7 +47,9 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         "fleet steady state": r["fleet"]["steady"]["writes_in_window"],
         "daemon idle window": r["footprint"]["idle"]["api_requests"],
     }
+    shared = [sharing.target(r)] if "sharing" in r else []
     return [
+        *shared,
         {
             "name": "prepare p50 within 3x floor",
             "target": f"<= {TARGET_PREPARE_RATIO}x",
@@ -100,6 +104,13 @@ def table(r: dict[str, Any]) -> str:
         p = r["prepare"][v]
         add(f"prepare 1 claim, {v} (ms)", p["prepare_ms"], f"{p['ratio_p50_to_floor']}x floor")
         add(f"unprepare 1 claim, {v} (ms)", p["unprepare_ms"])
+    if "sharing" in r:
+        for held, lvl in r["sharing"]["levels"].items():
+            add(
+                f"prepare 1 share, {held} shares held (ms)",
+                lvl["shared_prepare_ms"],
+                f"exclusive {lvl['exclusive_prepare_ms']['median']:.2f} ms; {lvl['ratio_p50']}x",
+            )
     b = r["burst"]
     add(f"burst {b['claims']} prepares: total (ms)", b["prepare_total_ms"])
     add(f"burst {b['claims']} prepares: per call (ms)", b["prepare_call_ms"])

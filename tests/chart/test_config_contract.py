@@ -78,6 +78,14 @@ def test_the_plugin_accepts_the_chart_environment(
         assert cfg.nvidia_cdi_strategy == values["nvidia"]["cdiStrategy"]
     if "amd" in enabled:
         assert cfg.amd_ras_poll_seconds == values["amd"]["rasPollSeconds"]
+    for vendor in sorted({"intel", "nvidia"} & set(enabled)):  # sharing: Intel, NVIDIA
+        want = values[vendor]["sharing"]
+        got = cfg.sharing(vendor)
+        if want["mode"] == "exclusive":
+            assert got is None
+        else:
+            assert got is not None and got.shares == want["shares"]
+            assert got.memory == (vendor == "nvidia" and want.get("memory", False))
 
 
 def test_host_facing_paths_are_mounted_at_their_host_paths(rendered: list[Manifest]) -> None:

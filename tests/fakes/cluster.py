@@ -124,6 +124,7 @@ class Cluster:
         nvml_profile: str | None = "datacenter",
         node: str = "node-a",
         api_versions: Sequence[str] = ("v1",),
+        consumable_capacity: bool = True,
     ) -> None:
         self.tmp = tmp
         self.node = node
@@ -132,7 +133,9 @@ class Cluster:
         self.registry = self.sockets / "plugins_registry"
         self.plugins = self.sockets / "plugins"
         self.cdi = tmp / "cdi"
-        self.api = FakeAPIServer(versions=api_versions).start()
+        self.api = FakeAPIServer(
+            versions=api_versions, consumable_capacity=consumable_capacity
+        ).start()
         self.api.add_node(node)
         self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", self.api.url)
         self.sim = SimNode(profile)

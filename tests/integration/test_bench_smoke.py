@@ -40,6 +40,9 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
     "footprint": ("rss_mib", "threads"),
     "footprint.idle": ("cpu_percent",),
     "scale": ("publish_ms", "build_and_plan_ms", "restart_no_change_ms", "one_change_ms"),
+    "sharing.levels.0": ("shared_prepare_ms", "exclusive_prepare_ms"),
+    "sharing.levels.8": ("shared_prepare_ms", "exclusive_prepare_ms"),
+    "sharing.levels.64": ("shared_prepare_ms", "exclusive_prepare_ms"),
 }
 # section path -> fields that are plain numbers
 NUMBERS: dict[str, tuple[str, ...]] = {
@@ -81,6 +84,8 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     ),
     "fleet.restart_no_change": ("seconds", "requests", "writes"),
     "machine": ("nproc",),
+    "sharing": ("worst_ratio_p50",),
+    "sharing.levels.64": ("ratio_p50", "shares_held"),
 }
 
 
@@ -132,6 +137,7 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
         _number(ms, f"import.importtime_top_packages_ms.{name}")
     targets = report["targets"]
     assert {t["name"] for t in targets} == {
+        "shared prepare p50 within 10% of exclusive",
         "prepare p50 within 3x floor",
         "start-up to first slice < 1 s",
         "idle RSS < 60 MB",
@@ -142,3 +148,4 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
         assert isinstance(t["met"], bool)
     # The table is printed too.
     assert "prepare 1 claim, intel" in proc.stdout
+    assert "prepare 1 share, 64 shares held" in proc.stdout

@@ -72,9 +72,7 @@ def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
     run(p.startup())
     got = run(p.prepare([ref(c)]))
     assert got[uid(1)].error == ""
-    assert got[uid(1)].devices == (
-        PreparedDevice(("gpu",), NODE, D0, (cdi_id(uid(1), D0),)),
-    )
+    assert got[uid(1)].devices == (PreparedDevice(("gpu",), NODE, D0, (cdi_id(uid(1), D0),)),)
     spec = json.loads((root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))).read_text())
     assert [d["name"] for d in spec["devices"]] == [f"{uid(1)}-{D0}"]
     assert p.held == {D0}

@@ -54,9 +54,7 @@ def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) ->
     for i in (1, 2, 3):
         assert got[uid(i)].error == ""
         assert got[uid(i)].devices == (
-            PreparedDevice(
-                ("gpu",), NODE, D0, (f"k8s.{DRIVER}/claim={uid(i)}-{D0}",), share_id(i)
-            ),
+            PreparedDevice(("gpu",), NODE, D0, (f"k8s.{DRIVER}/claim={uid(i)}-{D0}",), share_id(i)),
         )
     assert got[uid(4)].error == (
         f"{who(4)}: device {D0} is over-subscribed: it has 3 shares, 3 are held by 3 "
