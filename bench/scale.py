@@ -1,9 +1,9 @@
 """1,000 devices through the real SlicePublisher and KubeAPI against the fake API server.
 
 In this process, over HTTP on 127.0.0.1. Per run: a fresh server; publish 1,000
-synthetic NVIDIA-shaped devices (8 slices of at most 128); a fresh publisher and client
+synthetic NVIDIA-shaped devices (16 slices of at most 64); a fresh publisher and client
 over the unchanged slices (a restart: no writes expected); then one device turns
-unhealthy (a real change). API requests are counted by the server.
+unhealthy (a real change: one slice rewritten). API requests are counted by the server.
 """
 
 from __future__ import annotations

@@ -150,7 +150,9 @@ def preparer(
     )
 
 
-def check_consistent(root: Path, driver: str = DRIVER) -> dict[str, Any]:
+def check_consistent(
+    root: Path, driver: str = DRIVER, max_shares: int | None = None
+) -> dict[str, Any]:
     """Assert the on-disk invariants; return the checkpoint's claims (uid -> raw record)."""
     cdi_dir = root / "cdi"
     path = root / "state" / FILE_NAME
@@ -167,7 +169,8 @@ def check_consistent(root: Path, driver: str = DRIVER) -> dict[str, Any]:
         for d in rec.devices:
             if d.share_id is not None:
                 shares[d.device] = shares.get(d.device, 0) + d.shares
-    assert all(n <= N_SHARED for n in shares.values()), f"over-subscribed: {shares}"
+    limit = N_SHARED if max_shares is None else max_shares
+    assert all(n <= limit for n in shares.values()), f"over-subscribed: {shares}"
     orphans = set(files) - set(state.claims)
     assert not orphans, f"orphan spec files {orphans}"
     leftovers = [n for n in os.listdir(cdi_dir) if ".tmp" in n]
