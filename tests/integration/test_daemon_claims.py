@@ -216,3 +216,34 @@ def test_discover_on_an_empty_node_says_why(tmp_path: Path) -> None:
         assert "libnvidia-ml.so.1" in r.stderr  # the NVIDIA note names the missing library
     finally:
         c.close()
+
+
+def test_prioritized_list_subrequest_is_returned_as_its_request(cluster: Cluster) -> None:
+    # spec.devices.requests[].firstAvailable: the scheduler picked subrequest "arc" of
+    # request "gpu" and wrote "gpu/arc" into the result; pods refer to "gpu".
+    daemon = cluster.start_daemon(env={"VENDORS": "intel"})
+    daemon.wait_ready([INTEL])
+    kubelet = cluster.kubelet()
+    plugin = kubelet.wait_for(INTEL)
+    cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
+    obj = allocated_claim(
+        "prioritized",
+        [{"request": "gpu/arc", "driver": INTEL, "pool": cluster.node, "device": IGPU}],
+    )
+    obj["spec"]["devices"]["requests"] = [
+        {
+            "name": "gpu",
+            "firstAvailable": [
+                {"name": "arc", "deviceClassName": INTEL},
+                {"name": "any", "deviceClassName": NVIDIA},
+            ],
+        }
+    ]
+    stored = cluster.api.add_claim(obj)
+    ref = Claim("default", stored["metadata"]["uid"], "prioritized")
+    got = plugin.prepare([ref]).claims[ref.uid]
+    assert got.error == ""
+    assert [(d.device_name, list(d.request_names)) for d in got.devices] == [(IGPU, ["gpu"])]
+    assert plugin.unprepare([ref]).claims[ref.uid].error == ""
+    kubelet.close()
+    assert daemon.terminate() == 0

@@ -184,3 +184,23 @@ def test_atomic_write_leaves_old_content_on_failure(
         ck.atomic_write(target, b"new")
     assert target.read_bytes() == b"old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_shares_are_recorded_and_older_files_read_as_one_share(tmp_path: Path) -> None:
+    c = cp(tmp_path)
+    dev = ck.DeviceRecord(("gpu",), "mini-1", "d0", ("k8s.x/claim=u1-d0",), "s1", shares=3)
+    plain = ck.DeviceRecord(("gpu",), "mini-1", "d1", ("k8s.x/claim=u1-d1",))
+    rec = ck.ClaimRecord("u1", "default", "c", ck.COMPLETED, "f.json", (dev, plain))
+    c.save(ck.State("b1", {"u1": rec}))
+    doc = json.loads(c.path.read_text())
+    raw = doc["payload"]["claims"]["u1"]["devices"]
+    assert [(d["shareId"], d["shares"]) for d in raw] == [("s1", 3), (None, 0)]
+    got = ck.decode(c.path.read_bytes(), DRIVER).claims["u1"].devices
+    assert [(d.share_id, d.shares) for d in got] == [("s1", 3), (None, 0)]
+    # A file written before shares were recorded: a share ID means one share.
+    for d in raw:
+        del d["shares"]
+    payload = doc["payload"]
+    doc["checksum"] = "sha256:" + hashlib.sha256(ck._canonical(payload)).hexdigest()
+    got = ck.decode(json.dumps(doc).encode(), DRIVER).claims["u1"].devices
+    assert [(d.share_id, d.shares) for d in got] == [("s1", 1), (None, 0)]
