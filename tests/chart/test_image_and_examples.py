@@ -6,6 +6,7 @@ import re
 import subprocess
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
@@ -194,3 +195,41 @@ def test_extended_resource_example_matches_the_chart() -> None:
     for vendor in ("intel", "nvidia"):
         name = values[vendor]["deviceClass"]["extendedResourceName"]
         assert f"--set {vendor}.deviceClass.extendedResourceName={name}" in text
+
+
+def _workloads(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(namespace, pod spec) of every Pod and Deployment template."""
+    out = []
+    for d in docs:
+        if d["kind"] == "Pod":
+            out.append((d["metadata"]["namespace"], d["spec"]))
+        elif d["kind"] == "Deployment":
+            out.append((d["metadata"]["namespace"], d["spec"]["template"]["spec"]))
+    return out
+
+
+def test_shared_gpu_examples_give_every_pod_its_own_claim() -> None:
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "intel-shared-igpu.yaml").read_text()) if d]
+    pods = _workloads(docs)
+    assert len(pods) == 3 and len({ns for ns, _ in pods}) == 2
+    templates = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d
+        for d in docs
+        if d["kind"] == "ResourceClaimTemplate"
+    }
+    for ns, spec in pods:
+        (claim,) = spec["resourceClaims"]
+        # A template, not a shared ResourceClaim: one claim (one share) per pod.
+        template = templates[(ns, claim["resourceClaimTemplateName"])]
+        (req,) = template["spec"]["spec"]["devices"]["requests"]
+        assert req["exactly"]["deviceClassName"] == "gpu.intel.com"
+        assert spec["containers"][0]["resources"]["claims"] == [{"name": claim["name"]}]
+
+    docs = [d for d in yaml.safe_load_all((EXAMPLES / "nvidia-shared-gpu.yaml").read_text()) if d]
+    pods = _workloads(docs)
+    names = [spec["resourceClaims"][0]["resourceClaimName"] for _, spec in pods]
+    assert len(pods) == 2 and len(set(names)) == 2
+    claims = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ResourceClaim"}
+    asks = [claims[n]["spec"]["devices"]["requests"][0]["exactly"] for n in names]
+    assert all(a["deviceClassName"] == "gpu.nvidia.com" for a in asks)
+    assert [a.get("capacity", {}).get("requests") for a in asks] == [None, {"memory": "8Gi"}]
