@@ -77,6 +77,7 @@ class SlicePublisher:
         self._drops_taints: set[str] = set()
         self._sharing = dict(sharing or {})
         self._drops_sharing: set[str] = set()  # the server does not keep consumable capacity
+        self._probed_sharing: set[str] = set()  # a dry run told whether the server keeps it
         self._own_rvs: deque[str] = deque(maxlen=4096)  # echoes of our own writes
         self._own_deletes: deque[str] = deque(maxlen=1024)
         # Watch events that arrive while we write may be our own echoes whose
@@ -208,6 +209,8 @@ class SlicePublisher:
         if driver in self._drops_taints:
             strip_taints(desired)
         plan = plan_sync(existing, desired, min_generation=self._last_generation.get(driver, 0))
+        if plan.writes and await self._server_drops_sharing(driver, desired):
+            return await self._reconcile(driver)  # as exclusive devices, before any write
         if not plan.writes:
             self._last_generation[driver] = plan.generation
             self.stats.generations[driver] = plan.generation
@@ -249,24 +252,44 @@ class SlicePublisher:
         """How `driver` publishes its devices now (None: exclusive, also after fallback)."""
         return None if driver in self._drops_sharing else self._sharing.get(driver)
 
+    async def _server_drops_sharing(self, driver: str, desired: list[Obj]) -> bool:
+        """Once per driver, before the first write of shared devices: a dry-run create
+        shows whether the server keeps consumable capacity, so a gate-off cluster never
+        stores a shared slice and a restart there writes nothing."""
+        if driver in self._probed_sharing or self.sharing(driver) is None:
+            return False
+        probe = next((obj for obj in desired if _multi(obj)), None)
+        if probe is None:
+            return False
+        got = await self._api.create_slice(probe, dry_run=True)
+        self._probed_sharing.add(driver)
+        if _multi(got):
+            return False
+        self._fall_back_to_exclusive(driver)
+        return True
+
+    def _fall_back_to_exclusive(self, driver: str) -> None:
+        # Like the taint case below: the server drops fields behind a feature gate.
+        # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
+        self._drops_sharing.add(driver)
+        log.error(
+            "the API server dropped allowMultipleAllocations and the capacity request "
+            "policies: GPU sharing needs the DRAConsumableCapacity feature gate (beta "
+            "and on by default from Kubernetes 1.36, alpha in 1.34-1.35) on the API "
+            "server, scheduler and kubelet; publishing driver=%s devices for exclusive "
+            "use (one claim per device). Enable the gate and restart the plugin, or set "
+            "the sharing mode to exclusive to silence this",
+            driver,
+        )
+
     def _note_write(self, driver: str, sent: Obj, got: Obj) -> None:
         self.stats.writes += 1
         rv = str(got.get("metadata", {}).get("resourceVersion", ""))
         if rv:
             self._own_rvs.append(rv)
         if _multi(sent) and not _multi(got):
-            # Like the taint case below: the server dropped fields behind a feature gate.
-            # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
-            self._drops_sharing.add(driver)
-            log.error(
-                "the API server dropped allowMultipleAllocations and the capacity request "
-                "policies: GPU sharing needs the DRAConsumableCapacity feature gate (beta "
-                "and on by default from Kubernetes 1.36, alpha in 1.34-1.35) on the API "
-                "server, scheduler and kubelet; publishing driver=%s devices for exclusive "
-                "use (one claim per device). Enable the gate, or set the sharing mode to "
-                "exclusive to silence this",
-                driver,
-            )
+            # The dry run said otherwise (a server upgraded or downgraded meanwhile).
+            self._fall_back_to_exclusive(driver)
             return
         if content_key(sent) != content_key(got) and driver not in self._drops_taints:
             sent_taints = any(

@@ -99,16 +99,20 @@ class ResourceObjects(ResourceDiscovery):
             item.setdefault("kind", "ResourceSlice")
         return items, str(result.get("metadata", {}).get("resourceVersion", ""))
 
-    async def create_slice(self, obj: Obj) -> Obj:
+    async def create_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """Create; with `dry_run` the server admits, defaults and drops fields exactly as
+        for a real create and returns the result, but stores nothing."""
         meta = obj.get("metadata", {})
         what = f"create ResourceSlice {meta.get('name') or meta.get('generateName', '') + '*'}"
+        extra = {"dry_run": "All"} if dry_run else {}
         return await self._write(
-            what,
+            what + (" (dry run)" if dry_run else ""),
             self._custom.create_cluster_custom_object,
             RESOURCE_GROUP,
             version_of(obj),
             SLICES,
             obj,
+            **extra,
         )
 
     async def update_slice(self, obj: Obj) -> Obj:

@@ -773,7 +773,7 @@ class FakeAPIServer:
             return self.fail_status
 
     # --- resource handlers (return (code, body)) -------------------------------------
-    def create_slice(self, version: str, body: Obj) -> Obj:
+    def create_slice(self, version: str, body: Obj, *, dry_run: bool = False) -> Obj:
         if body.get("kind", "ResourceSlice") != "ResourceSlice":
             raise _HTTPError(400, "BadRequest", f"kind {body.get('kind')!r} is not ResourceSlice")
         meta = body.setdefault("metadata", {})
@@ -807,6 +807,10 @@ class FakeAPIServer:
                     {"name": name, "group": GROUP, "kind": "resourceslices"},
                 )
             m = obj["metadata"]
+            if dry_run:
+                # dryRun=All: admitted, defaulted and stripped like a create, never stored.
+                m.update(uid=str(uuid.uuid4()), creationTimestamp=now, generation=1)
+                return slice_from_v1(obj, version)
             m.update(
                 uid=str(uuid.uuid4()),
                 resourceVersion=self._next_rv(),
@@ -1355,8 +1359,11 @@ class _Handler(BaseHTTPRequestHandler):
                 "items": items,
             }
         if name is None and method == "POST":
-            self._count("create", res)
-            return 201, st.create_slice(version, body)
+            dry_run = query.get("dryRun")
+            if dry_run not in (None, "All"):
+                raise _HTTPError(400, "BadRequest", f"dryRun: Unsupported value: {dry_run!r}")
+            self._count("create-dry-run" if dry_run else "create", res)
+            return 201, st.create_slice(version, body, dry_run=bool(dry_run))
         if name is None:
             raise _HTTPError(405, "MethodNotAllowed", f"{method} on the collection")
         if method == "GET":

@@ -144,12 +144,15 @@ def _prepare_ignoring_death(plugin: Plugin, refs: list[Claim]) -> None:
 def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
     c = Cluster(tmp_path, profile="igpu", nvml_profile=None, consumable_capacity=False)
     try:
-        for _ in range(2):  # a restart too: no crash loop, the same single message
+        for run in range(2):  # a restart too: no crash loop, the same single message
+            writes = c.api.writes()
             daemon, kubelet, plugin = start(c, shared_env())
             c.wait_for("exclusive slice", lambda: IGPU in c.published(INTEL))
             c.wait_for("fallback logged", lambda d=daemon: FALLBACK in d.logs())
             time.sleep(0.5)  # anything that would rewrite or crash does so by now
             assert daemon.proc.poll() is None
+            # A dry run finds the gate off: one create the first time, none at a restart.
+            assert c.api.writes() - writes == (1 if run == 0 else 0)
             (dev,) = [d for s in c.slices(INTEL) for d in s["spec"]["devices"]]
             assert "allowMultipleAllocations" not in dev and "shares" not in dev.get("capacity", {})
             assert daemon.logs().count(FALLBACK) == 1

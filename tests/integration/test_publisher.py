@@ -27,9 +27,9 @@ class RecordingAPI(KubeAPI):
 
     sent: list[Obj]
 
-    async def create_slice(self, obj: Obj) -> Obj:
+    async def create_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
         self.sent.append(obj)
-        return await super().create_slice(obj)
+        return await super().create_slice(obj, dry_run=dry_run)
 
     async def update_slice(self, obj: Obj) -> Obj:
         self.sent.append(obj)
@@ -413,6 +413,14 @@ def test_gate_off_server_falls_back_to_exclusive_once(caplog: pytest.LogCaptureF
             await pub.start()
             assert await pub.wait_synced()
             assert pub.sharing(INTEL) is None
+            # A dry run found out: the only write stored the exclusive slice.
+            assert srv.count("create-dry-run") == 1
+            assert srv.writes() == 1
+            multi = [
+                [d.get("allowMultipleAllocations") is True for d in o["spec"]["devices"]]
+                for o in api.sent
+            ]
+            assert multi == [[True] * 3, [False] * 3]  # the probe, then the real create
             pub.set_devices(INTEL, intel_gpus(2))  # later changes stay exclusive
             await eventually(lambda: len(shared_devices(srv)) == 2)
             assert await pub.wait_synced()
