@@ -52,6 +52,7 @@ class Config:
     kubeconfig: str = ""
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8080
+    telemetry_interval_seconds: float = 10.0
     log_level: str = "info"
     log_format: str = "text"
     shutdown_grace_seconds: float = 10.0
@@ -179,6 +180,12 @@ _RUN = (
     ),
     _Opt("--metrics-address", "METRICS_ADDRESS", "metrics/healthz listen address", "0.0.0.0"),
     _Opt("--metrics-port", "METRICS_PORT", "metrics/healthz port (0 disables)", "8080"),
+    _Opt(
+        "--telemetry-interval-seconds",
+        "TELEMETRY_INTERVAL_SECONDS",
+        "how often GPU telemetry for /metrics is sampled (0 disables)",
+        "10",
+    ),
     _Opt(
         "--shutdown-grace-seconds",
         "SHUTDOWN_GRACE_SECONDS",
@@ -383,6 +390,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         kubeconfig=raw["kubeconfig"],
         metrics_address=raw["metrics_address"],
         metrics_port=int(_number("METRICS_PORT", raw["metrics_port"], int, 0)),
+        telemetry_interval_seconds=float(
+            _number("TELEMETRY_INTERVAL_SECONDS", raw["telemetry_interval_seconds"], float, 0)
+        ),
         log_level=raw["log_level"],
         log_format=raw["log_format"],
         shutdown_grace_seconds=float(

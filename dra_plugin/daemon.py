@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dra_plugin import gpuhealth, hotplug, inventory, metrics, ras_watch, server, udev
 from dra_plugin.cdi import CdiOptions
+from dra_plugin.claimholders import ClaimHolders
 from dra_plugin.claims import ClaimPreparer
 from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
@@ -23,6 +24,7 @@ from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, Health
 from dra_plugin.health import HealthTracker
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.publisher import SlicePublisher
+from dra_plugin.sampler import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -189,6 +191,7 @@ async def run(cfg: Config) -> int:
     await publisher.start()
     tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
     monitors: list[hotplug.DrmMonitor | gpuhealth.NvmlHealthMonitor | ras_watch.RasWatcher] = []
+    nvml_monitor: gpuhealth.NvmlHealthMonitor | None = None
 
     def rescan() -> None:
         loop.call_soon_threadsafe(node.request_rescan)
@@ -208,14 +211,10 @@ async def run(cfg: Config) -> int:
         def on_nvml(device: str, h: Health, reason: str) -> None:
             loop.call_soon_threadsafe(node.report_health, nv_driver, device, h, reason)
 
-        monitors.append(
-            gpuhealth.NvmlHealthMonitor(
-                cfg.nvidia_driver_root,
-                node.published[nv_driver],
-                on_nvml,
-                cfg.xid_ignore,
-            )
+        nvml_monitor = gpuhealth.NvmlHealthMonitor(
+            cfg.nvidia_driver_root, node.published[nv_driver], on_nvml, cfg.xid_ignore
         )
+        monitors.append(nvml_monitor)
     for m in monitors:
         try:
             m.start()
@@ -223,8 +222,21 @@ async def run(cfg: Config) -> int:
             # Without hotplug the node is still served; changes show after a restart.
             log.error("hotplug monitor disabled error=%s", exc)
 
-    # 6. Metrics and /healthz.
+    # 6. Metrics and /healthz; GPU telemetry sampled in the background, served from cache.
     metrics_server = None
+    sampler: Sampler | None = None
+    sampler_task: asyncio.Task[None] | None = None
+    if cfg.metrics_port and cfg.telemetry_interval_seconds > 0:
+        sampler = Sampler(
+            node=cfg.node_name,
+            interval=cfg.telemetry_interval_seconds,
+            devices=lambda: [d for devs in node.published.values() for d in devs],
+            nvidia_driver_root=cfg.nvidia_driver_root if NVIDIA in cfg.vendors else None,
+            holders=ClaimHolders({d: cfg.plugin_dir(d) for d in drivers}, api.get_claim),
+            xid_counts=nvml_monitor.xid_counts if nvml_monitor is not None else None,
+        )
+        metrics.serve_telemetry(sampler.current)
+        sampler_task = asyncio.create_task(sampler.run(), name="telemetry")
     if cfg.metrics_port:
         metrics_server = metrics.MetricsServer(
             cfg.metrics_address, cfg.metrics_port, lambda: sockets_healthy(servers)
@@ -241,6 +253,9 @@ async def run(cfg: Config) -> int:
     await asyncio.gather(*(s.stop(cfg.shutdown_grace_seconds) for s in servers))
     await asyncio.gather(*(h.flush(2.0) for h in handlers.values()))
     await asyncio.gather(*(h.close() for h in handlers.values()))
+    if sampler is not None and sampler_task is not None:
+        sampler.stop()  # its task ends after the pass in progress and closes NVML
+        await sampler_task
     for m in monitors:
         m.stop()
     for t in tasks:

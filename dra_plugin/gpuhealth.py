@@ -82,6 +82,9 @@ class NvmlHealthMonitor:
         self._thread: threading.Thread | None = None
         self.unmonitored: tuple[str, ...] = ()
         self.error: str | None = None
+        # (device, xid) -> events seen, ignored XIDs included (telemetry's xid_errors_total).
+        self._xids: dict[tuple[str, int], int] = {}
+        self._xids_lock = threading.Lock()  # guards only the dict, never an NVML call
 
     def start(self) -> None:
         """Register for events and start the thread. Never raises: when NVML is unusable,
@@ -218,8 +221,22 @@ class NvmlHealthMonitor:
                 self._report(w)
         return failing
 
+    def xid_counts(self) -> dict[tuple[str, int], int]:
+        """(device name, XID) -> how many such events arrived since start."""
+        with self._xids_lock:
+            return dict(self._xids)
+
+    def _count_xid(self, event: nvml.HealthEvent, xid: int) -> None:
+        uuid = self._by_address.get(event.device)
+        if uuid is None:
+            return
+        with self._xids_lock:
+            for w in self._targets(uuid, event.gpu_instance, event.compute_instance):
+                self._xids[(w.name, xid)] = self._xids.get((w.name, xid), 0) + 1
+
     def _event(self, event: nvml.HealthEvent) -> None:
         if event.xid is not None:
+            self._count_xid(event, event.xid)
             if event.xid in self._ignore:
                 log.info("nvidia health: ignoring XID %d (in the ignore list)", event.xid)
                 return

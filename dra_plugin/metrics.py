@@ -8,10 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+from dra_plugin import telemetry as t
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +80,95 @@ def slice_write(driver: str, verb: str) -> None:
 
 def render() -> bytes:
     return generate_latest(REGISTRY)
+
+
+# --- GPU telemetry: families built from the sampler's latest snapshot on each scrape ------
+
+
+def _numeric(series: t.Series) -> GaugeMetricFamily | CounterMetricFamily:
+    name, labels = t.PREFIX + series.name, [*t.DEVICE_LABELS, *series.labels]
+    if series.kind == "counter":
+        return CounterMetricFamily(name, series.help, labels=labels)
+    return GaugeMetricFamily(name, series.help, labels=labels)
+
+
+def _info(series: t.Series) -> InfoMetricFamily:
+    name = (t.PREFIX + series.name).removesuffix("_info")  # the family adds _info back
+    return InfoMetricFamily(name, series.help, labels=t.DEVICE_LABELS)
+
+
+def telemetry_families(snap: t.Snapshot) -> Iterator[Metric]:
+    """The device series of `snap`, in catalogue order; a series without values is left
+    out entirely (absent, not 0)."""
+    numeric: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    info = _info(t.INFO)
+    claims = _info(t.CLAIM_INFO)
+
+    def add(series: t.Series, labels: list[str], value: float) -> None:
+        if series.name not in numeric:
+            numeric[series.name] = _numeric(series)
+        numeric[series.name].add_metric(labels, value)
+
+    for d in snap.devices:
+        ident = d.identity
+        base = list(ident.label_values)
+        add(t.UP, base, 1.0 if d.up else 0.0)
+        extra = {"vendor": ident.vendor, "uuid": ident.uuid, "kernel_driver": ident.kernel_driver}
+        info.add_metric(base, {**extra, "node": snap.node})
+        for r in d.readings:
+            add(r.series, [*base, *r.labels], r.value)
+    by_device = {(d.identity.driver, d.identity.device): d.identity for d in snap.devices}
+    for h in snap.holders:
+        held = by_device.get((h.driver, h.device))
+        if held is None:
+            continue  # a claim on a device no longer published
+        claims.add_metric(
+            list(held.label_values),
+            {"namespace": h.namespace, "claim": h.claim, "claim_uid": h.claim_uid, "pod": h.pod},
+        )
+    for series in t.CATALOGUE:
+        if series is t.INFO and info.samples:
+            yield info
+        elif series is t.CLAIM_INFO and claims.samples:
+            yield claims
+        elif series.name in numeric:
+            yield numeric[series.name]
+    if snap.taken_at:
+        yield GaugeMetricFamily(
+            "dra_plugin_telemetry_last_sample_timestamp_seconds",
+            "Unix time of the last telemetry sample",
+            value=snap.taken_at,
+        )
+        yield GaugeMetricFamily(
+            "dra_plugin_telemetry_sample_duration_seconds",
+            "Wall time the last telemetry sample took to read every device",
+            value=snap.duration_seconds,
+        )
+
+
+class TelemetryCollector(Collector):
+    """Serves the latest snapshot; never reads hardware (the sampler does, in the
+    background)."""
+
+    def __init__(self, snapshot: Callable[[], t.Snapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        return telemetry_families(self._snapshot())
+
+
+_telemetry: TelemetryCollector | None = None
+
+
+def serve_telemetry(snapshot: Callable[[], t.Snapshot] | None) -> None:
+    """Expose GPU telemetry from `snapshot` (None: stop exposing it)."""
+    global _telemetry
+    if _telemetry is not None:
+        REGISTRY.unregister(_telemetry)
+        _telemetry = None
+    if snapshot is not None:
+        _telemetry = TelemetryCollector(snapshot)
+        REGISTRY.register(_telemetry)
 
 
 HealthCheck = Callable[[], Awaitable[str | None]]

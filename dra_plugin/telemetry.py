@@ -23,7 +23,7 @@ CLAIM_LABELS = ("namespace", "claim", "claim_uid", "pod")
 @dataclass(frozen=True)
 class Series:
     name: str  # without PREFIX; counters end in _total
-    kind: Literal["gauge", "counter"]
+    kind: Literal["gauge", "counter", "info"]  # info: name ends in _info, value 1
     help: str
     labels: tuple[str, ...] = ()  # beyond DEVICE_LABELS
     vendors: str = "nvidia, intel"  # where the value comes from (README table)

@@ -25,6 +25,15 @@
  *                                      a 0 means "not supported")
  *     mig_mode = 1                    (absent: MIG not supported)
  *     supported_events = 0xb
+ *   telemetry (each key absent: the call answers NVML_ERROR_NOT_SUPPORTED):
+ *     utilization = 87 45             (gpu %, memory %)
+ *     memory_used = 1073741824        (bytes; default total / 100)
+ *     temperature = 61                (degrees C, the GPU sensor)
+ *     power = 412000 700000           (usage mW, enforced limit mW)
+ *     energy = 5000000                (mJ at init; every read adds 1000 mJ)
+ *     clocks = 1980 2619              (SM MHz, memory MHz)
+ *     ecc = 2 0                       (volatile corrected, uncorrected)
+ *     throttle = 0x4                  (clock event reason bits)
  *     [mig]                           (belongs to the [gpu] above it)
  *     name = NVIDIA H200 MIG 1g.18gb
  *     uuid = MIG-...
@@ -42,6 +51,10 @@
  *                                          NVML_ERROR_GPU_IS_LOST, device calls fail
  *     fail <gpu index>                     device calls start failing (NVML_ERROR_UNKNOWN)
  *     recover <gpu index>                  the GPU answers again
+ *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
+ *
+ * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
+ * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -91,6 +104,10 @@ typedef struct {
     int mig_mode; /* -1: not supported */
     unsigned long long supported_events;
     unsigned gi, ci, profile_id, placement_start, placement_size;
+    /* telemetry; has_* 0: not supported */
+    int has_util, has_temp, has_power, has_energy, has_clocks, has_ecc, has_throttle;
+    unsigned util_gpu, util_mem, temp, power_mw, power_limit_mw, clock_sm, clock_mem;
+    unsigned long long memory_used, energy_mj, ecc_corrected, ecc_uncorrected, throttle;
     volatile int lost, failing;
 } fake_dev;
 
@@ -118,6 +135,9 @@ typedef struct {
     unsigned start, size;
 } nvmlGpuInstanceInfo_t;
 
+typedef struct {
+    unsigned gpu, memory;
+} nvmlUtilization_t;
 typedef struct {
     unsigned long long mask[MAX_GPUS];
     long offset;
@@ -178,6 +198,18 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
     else if (!strcmp(key, "profile_id")) d->profile_id = (unsigned)number(val);
     else if (!strcmp(key, "placement"))
         sscanf(val, "%u %u", &d->placement_start, &d->placement_size);
+    else if (!strcmp(key, "utilization"))
+        d->has_util = sscanf(val, "%u %u", &d->util_gpu, &d->util_mem) == 2;
+    else if (!strcmp(key, "memory_used")) d->memory_used = number(val);
+    else if (!strcmp(key, "temperature")) d->has_temp = 1, d->temp = (unsigned)number(val);
+    else if (!strcmp(key, "power"))
+        d->has_power = sscanf(val, "%u %u", &d->power_mw, &d->power_limit_mw) == 2;
+    else if (!strcmp(key, "energy")) d->has_energy = 1, d->energy_mj = number(val);
+    else if (!strcmp(key, "clocks"))
+        d->has_clocks = sscanf(val, "%u %u", &d->clock_sm, &d->clock_mem) == 2;
+    else if (!strcmp(key, "ecc"))
+        d->has_ecc = sscanf(val, "%llu %llu", &d->ecc_corrected, &d->ecc_uncorrected) == 2;
+    else if (!strcmp(key, "throttle")) d->has_throttle = 1, d->throttle = number(val);
     else fprintf(stderr, "fake_nvml: unknown device key %s\n", key);
 }
 
@@ -384,7 +416,7 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *h, int *major, int *minor)
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *h, nvmlMemory_t *m) {
     CHECK(h, d);
     m->total = d->memory;
-    m->used = d->memory / 100;
+    m->used = d->memory_used ? d->memory_used : d->memory / 100;
     m->free = d->memory - m->used;
     return NVML_SUCCESS;
 }
@@ -425,6 +457,76 @@ nvmlReturn_t nvmlDeviceGetCurrPcieLinkGeneration(void *h, unsigned *v) { return 
 nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(void *h, unsigned *v) { return link_value(h, 1, v); }
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(void *h, unsigned *v) { return link_value(h, 2, v); }
 nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(void *h, unsigned *v) { return link_value(h, 3, v); }
+
+/* ---- telemetry -------------------------------------------------------------------- */
+
+static void log_call(const char *what, int gpu) {
+    const char *path = getenv("FAKE_NVML_CALL_LOG");
+    if (!path || !*path) return;
+    FILE *f = fopen(path, "a");
+    if (!f) return;
+    fprintf(f, "%s %d\n", what, gpu);
+    fclose(f);
+}
+
+#define TELEMETRY(h, d, flag)                                                 \
+    CHECK(h, d);                                                              \
+    if (d->is_mig || !d->flag) return NVML_ERROR_NOT_SUPPORTED
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, nvmlUtilization_t *u) {
+    CHECK(h, d);
+    log_call("utilization", d->gpu);
+    if (d->is_mig || !d->has_util) return NVML_ERROR_NOT_SUPPORTED;
+    u->gpu = d->util_gpu;
+    u->memory = d->util_mem;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTemperature(void *h, int sensor, unsigned *temp) {
+    TELEMETRY(h, d, has_temp);
+    if (sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = d->temp;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetPowerUsage(void *h, unsigned *mw) {
+    TELEMETRY(h, d, has_power);
+    *mw = d->power_mw;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *h, unsigned *mw) {
+    TELEMETRY(h, d, has_power);
+    *mw = d->power_limit_mw;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(void *h, unsigned long long *mj) {
+    TELEMETRY(h, d, has_energy);
+    pthread_mutex_lock(&g_lock);
+    d->energy_mj += 1000;
+    *mj = d->energy_mj;
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetClockInfo(void *h, int type, unsigned *mhz) {
+    TELEMETRY(h, d, has_clocks);
+    if (type == 1) *mhz = d->clock_sm;
+    else if (type == 2) *mhz = d->clock_mem;
+    else return NVML_ERROR_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(void *h, int error_type, int counter_type,
+                                         unsigned long long *count) {
+    TELEMETRY(h, d, has_ecc);
+    if (counter_type != 0) return NVML_ERROR_NOT_SUPPORTED; /* only volatile counters */
+    *count = error_type == 0 ? d->ecc_corrected : d->ecc_uncorrected;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksEventReasons(void *h, unsigned long long *reasons) {
+    TELEMETRY(h, d, has_throttle);
+    *reasons = d->throttle;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetCurrentClocksThrottleReasons(void *h, unsigned long long *reasons) {
+    return nvmlDeviceGetCurrentClocksEventReasons(h, reasons);
+}
 
 /* ---- MIG ------------------------------------------------------------------------ */
 
@@ -549,6 +651,17 @@ static nvmlReturn_t apply_line(fake_event_set *set, const char *line, nvmlEventD
     }
     if (!strcmp(verb, "recover")) {
         gpu->lost = gpu->failing = 0;
+        return NVML_ERROR_NOT_FOUND;
+    }
+    if (!strcmp(verb, "set")) {
+        char key[64], val[128];
+        if (sscanf(line, "%*s %*d %63s = %127[^\n]", key, val) == 2) {
+            pthread_mutex_lock(&g_lock);
+            set_key(gpu, key, val);
+            pthread_mutex_unlock(&g_lock);
+        } else {
+            fprintf(stderr, "fake_nvml: bad set line: %s", line);
+        }
         return NVML_ERROR_NOT_FOUND;
     }
     unsigned long long type = !strcmp(verb, "xid") ? EVENT_XID : !strcmp(verb, "ecc") ? EVENT_DBE : 0;

@@ -1,0 +1,169 @@
+"""The background telemetry sampler: reads every published GPU once per interval.
+
+A scrape never touches hardware: it renders the latest `Snapshot`, which this sampler
+replaces as a whole after each pass (one reference assignment, so no lock is shared
+with the scrape path). The hardware is read only here, once per interval, so an idle
+GPU is not woken more often than the interval says, however often Prometheus scrapes.
+
+A device that fails to answer (a GPU fallen off the bus, a card unplugged) is reported
+with `up` 0 and no values for that pass; its NVML handle is looked up again next pass.
+The health monitors decide what the failure means for scheduling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from dra_plugin import nvml
+from dra_plugin import telemetry as t
+from dra_plugin.claimholders import ClaimHolders
+from dra_plugin.devices import INTEL, NVIDIA, PCI_BUS_ID, Device
+from dra_plugin.intelsysfs import IntelSysfsReader
+
+log = logging.getLogger(__name__)
+
+XidCounts = Callable[[], Mapping[tuple[str, int], int]]
+
+
+def identity(device: Device) -> t.DeviceIdentity:
+    attrs = device.attrs
+    model = attrs.get("productName") or attrs.get("model") or ""
+    return t.DeviceIdentity(
+        driver=device.driver,
+        device=device.name,
+        pci_bus_id=str(attrs.get(PCI_BUS_ID) or device.pci_address or ""),
+        model=str(model),
+        vendor=device.vendor,
+        uuid=device.uuid or "",
+        kernel_driver=str(attrs.get("driver") or ("nvidia" if device.vendor == NVIDIA else "")),
+    )
+
+
+class Sampler:
+    def __init__(
+        self,
+        *,
+        node: str,
+        interval: float,
+        devices: Callable[[], Sequence[Device]],
+        nvidia_driver_root: Path | None = None,
+        sysfs_root: Path = Path("/sys"),
+        holders: ClaimHolders | None = None,
+        xid_counts: XidCounts | None = None,
+    ) -> None:
+        self._node = node
+        self._interval = interval
+        self._devices = devices
+        self._driver_root = nvidia_driver_root
+        self._intel = IntelSysfsReader(sysfs_root)
+        self._holders = holders
+        self._xid_counts = xid_counts
+        self._nvml_ready = False
+        self._handles: dict[str, nvml.Handle] = {}
+        self._failing: dict[str, str] = {}  # device -> last error (logged once per change)
+        self._stop = asyncio.Event()
+        self.snapshot = t.Snapshot(node=node)  # read by the scrape path
+
+    # -- the loop (on the daemon's event loop) ---------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                await self.sample()
+                delay = max(0.0, self._interval - (time.monotonic() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+        finally:
+            await asyncio.to_thread(self.close)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def current(self) -> t.Snapshot:
+        return self.snapshot
+
+    async def sample(self) -> t.Snapshot:
+        """One pass: hardware in a worker thread, then claim holders; returns the snapshot."""
+        devices = tuple(self._devices())
+        snap = await asyncio.to_thread(self.sample_devices, devices)
+        holders = self.snapshot.holders
+        if self._holders is not None:
+            try:
+                holders = await self._holders.holders()
+            except Exception:  # a surprise here must not stop device telemetry
+                log.exception("telemetry: reading claim holders failed")
+        self.snapshot = replace(snap, holders=holders)
+        return self.snapshot
+
+    # -- the hardware pass (worker thread) --------------------------------------------------
+
+    def sample_devices(self, devices: Sequence[Device]) -> t.Snapshot:
+        wall, started = time.time(), time.monotonic()
+        xids = self._xid_counts() if self._xid_counts is not None else {}
+        samples = []
+        for device in devices:
+            ident = identity(device)
+            try:
+                readings = self._read(device, time.monotonic())
+            except (nvml.NvmlError, OSError) as exc:
+                self._note_failure(device, str(exc))
+                samples.append(t.DeviceSample(ident, up=False))
+                continue
+            if self._failing.pop(device.name, None) is not None:
+                log.info("telemetry: device answers again device=%s", device.name)
+            readings += [
+                t.Reading(t.XID_ERRORS, float(n), (str(xid),))
+                for (name, xid), n in sorted(xids.items())
+                if name == device.name
+            ]
+            samples.append(t.DeviceSample(ident, up=True, readings=tuple(readings)))
+        return t.Snapshot(
+            devices=tuple(samples),
+            node=self._node,
+            taken_at=wall,
+            duration_seconds=time.monotonic() - started,
+        )
+
+    def _read(self, device: Device, now: float) -> list[t.Reading]:
+        if device.vendor == INTEL:
+            return self._intel.read(device, now)
+        if device.vendor == NVIDIA:
+            if device.extra_value("parentUUID") or not device.uuid:
+                return []  # MIG devices: NVML reports most values per GPU only
+            return nvml.read_gpu(self._handle(device.uuid))
+        return []
+
+    def _handle(self, uuid: str) -> nvml.Handle:
+        if not self._nvml_ready:
+            if self._driver_root is None:
+                raise nvml.NvmlError("NVML telemetry is not configured")
+            nvml.init(self._driver_root)
+            self._nvml_ready = True
+        h = self._handles.get(uuid)
+        if h is None:
+            h = self._handles[uuid] = nvml.handle_by_uuid(uuid)
+        return h
+
+    def _note_failure(self, device: Device, error: str) -> None:
+        if device.uuid:  # a reset GPU may come back with a new handle: look it up again
+            self._handles.pop(device.uuid, None)
+        self._intel.forget(device.name)
+        if self._failing.get(device.name) != error:
+            log.warning("telemetry: device not read device=%s error=%s", device.name, error)
+        self._failing[device.name] = error
+
+    def close(self) -> None:
+        if self._nvml_ready:
+            self._nvml_ready = False
+            self._handles.clear()
+            try:
+                nvml.shutdown()
+            except nvml.NvmlError as exc:
+                log.warning("telemetry: NVML shutdown failed error=%s", exc)
