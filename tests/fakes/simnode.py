@@ -35,6 +35,7 @@ from typing import Any
 
 from tests.fakes import amdsim
 from tests.fakes.amdsim import AmdBoard
+from tests.fakes.gpusysfs import telemetry_path, write_telemetry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
@@ -522,6 +523,7 @@ class SimNode:
                 os.makedirs(os.path.dirname(f"{base}/{rel}"), exist_ok=True)
                 Path(f"{base}/{rel}").write_text(text)
             self._add_amd_partitions(present)
+        write_telemetry(card.key, Path(base), self._drm_card_dir(present))
         if emit:
             self._pci_event(card, "add")
             for syspath in present.drm:
@@ -579,6 +581,19 @@ class SimNode:
         Path(self._path(card.syspath), name).write_text(f"{value}\n")
         if emit:
             self._pci_event(card, "change")
+
+    def _drm_card_dir(self, present: _Present) -> Path | None:
+        cards = [p for p in present.drm if p.rsplit("/", 1)[1].startswith("card")]
+        return Path(self._path(cards[0])) if cards else None
+
+    def set_telemetry(self, pci_address: str, key: str, value: str) -> None:
+        """Rewrite a telemetry file (gpusysfs.TELEMETRY key), e.g. advance an energy counter."""
+        present = self._present[pci_address]
+        path = telemetry_path(
+            Path(self._path(present.card.syspath)), self._drm_card_dir(present), key
+        )
+        assert path is not None, f"{pci_address} has no DRM card for {key}"
+        path.write_text(f"{value}\n")
 
     def uevent(self, syspath: str, action: str, props: Mapping[str, str] | None = None) -> int:
         """Send a raw uevent; SUBSYSTEM is taken from `props` or guessed from the path."""
