@@ -73,6 +73,8 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     if values["admissionPolicy"]["enabled"]:
         # One for ResourceSlice writes, one for ResourceClaim status writes.
         expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
+    if values["metrics"]["service"]["enabled"]:
+        expected.append("Service")
     for vendor in ("intel", "nvidia", "amd"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
