@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import SCHEMA, claims, fleet, report, scale, sharing, startup
+from bench import SCHEMA, claims, fleet, report, scale, sharing, startup, telemetry
 from bench.node import BenchNode, why_unavailable
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
@@ -34,6 +34,8 @@ class Settings:
     fleet_nodes: int
     fleet_compression: float
     fleet_window_s: float
+    telemetry_samples: int
+    telemetry_scrapes: int
 
 
 FULL = Settings(
@@ -51,6 +53,8 @@ FULL = Settings(
     fleet_nodes=500,
     fleet_compression=10.0,
     fleet_window_s=60.0,
+    telemetry_samples=50,
+    telemetry_scrapes=200,
 )
 SMOKE = Settings(
     prepare_repeats=5,
@@ -67,6 +71,8 @@ SMOKE = Settings(
     fleet_nodes=20,
     fleet_compression=300.0,
     fleet_window_s=2.0,
+    telemetry_samples=3,
+    telemetry_scrapes=5,
 )
 
 
@@ -126,6 +132,9 @@ def run_all(cfg: Settings) -> dict[str, Any]:
         nodes=cfg.fleet_nodes, compression=cfg.fleet_compression, window=cfg.fleet_window_s
     )
     timings["fleet"] = time.monotonic() - t
+    t = time.monotonic()
+    out["telemetry"] = telemetry.run(samples=cfg.telemetry_samples, scrapes=cfg.telemetry_scrapes)
+    timings["telemetry"] = time.monotonic() - t
     out["section_seconds"] = {k: round(v, 1) for k, v in timings.items()}
     return out
 

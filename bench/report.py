@@ -14,6 +14,8 @@ from bench import sharing
 TARGET_PREPARE_RATIO = 3.0
 TARGET_FIRST_SLICE_MS = 1000.0
 TARGET_RSS_MIB = 60.0
+TARGET_SAMPLE_CPU_MS_PER_DEVICE = 1.0
+TARGET_SCRAPE_P50_MS = 5.0
 
 
 def machine() -> dict[str, Any]:
@@ -48,8 +50,25 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         "daemon idle window": r["footprint"]["idle"]["api_requests"],
     }
     shared = [sharing.target(r)] if "sharing" in r else []
+    tel = r["telemetry"]
+    sample_cpu = {n: v["sample_cpu_ms_per_device"]["median"] for n, v in tel.items()}
+    scrape = {n: v["scrape_ms"]["median"] for n, v in tel.items()}
     return [
         *shared,
+        {
+            "name": "telemetry sample < 1 ms CPU per device",
+            "target": f"< {TARGET_SAMPLE_CPU_MS_PER_DEVICE:g} ms",
+            "value": max(sample_cpu.values()),
+            "detail": sample_cpu,
+            "met": max(sample_cpu.values()) < TARGET_SAMPLE_CPU_MS_PER_DEVICE,
+        },
+        {
+            "name": "scrape p50 < 5 ms",
+            "target": f"< {TARGET_SCRAPE_P50_MS:g} ms",
+            "value": max(scrape.values()),
+            "detail": scrape,
+            "met": max(scrape.values()) < TARGET_SCRAPE_P50_MS,
+        },
         {
             "name": "prepare p50 within 3x floor",
             "target": f"<= {TARGET_PREPARE_RATIO}x",
@@ -176,6 +195,20 @@ def table(r: dict[str, Any]) -> str:
         fl2["restart_no_change"]["writes"],
         f"{fl2['restart_no_change']['requests']} requests",
     )
+    for n, tv in r["telemetry"].items():
+        add(
+            f"telemetry sample, {n} GPUs: CPU per device (ms)",
+            tv["sample_cpu_ms_per_device"],
+            f"raw reads {tv['floor_raw_reads_cpu_ms_per_device']['median']:.3f}; "
+            f"intel {tv['read_cpu_ms_per_device_intel']['median']:.3f} / nvidia "
+            f"{tv['read_cpu_ms_per_device_nvidia']['median']:.3f} read, render "
+            f"{tv['sample_render_cpu_ms_per_device']['median']:.3f}",
+        )
+        add(
+            f"scrape /metrics, {n} GPUs (ms)",
+            tv["scrape_ms"],
+            f"HTTP floor {tv['floor_http_get_ms']['median']:.2f}; {tv['exposition_bytes']} bytes",
+        )
     width = max(len(x[0]) for x in rows)
     lines = [f"{'figure':<{width}}  {'median':>9}  {'p99':>9}  notes"]
     lines += [f"{a:<{width}}  {b:>9}  {c:>9}  {d}".rstrip() for a, b, c, d in rows]

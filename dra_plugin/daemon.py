@@ -235,7 +235,7 @@ async def run(cfg: Config) -> int:
             holders=ClaimHolders({d: cfg.plugin_dir(d) for d in drivers}, api.get_claim),
             xid_counts=nvml_monitor.xid_counts if nvml_monitor is not None else None,
         )
-        metrics.serve_telemetry(sampler.current)
+        metrics.serve_telemetry(sampler.rendered)
         sampler_task = asyncio.create_task(sampler.run(), name="telemetry")
     if cfg.metrics_port:
         metrics_server = metrics.MetricsServer(

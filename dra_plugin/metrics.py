@@ -79,7 +79,9 @@ def slice_write(driver: str, verb: str) -> None:
 
 
 def render() -> bytes:
-    return generate_latest(REGISTRY)
+    """The scrape body: the daemon's own metrics, then the pre-rendered GPU telemetry."""
+    body = generate_latest(REGISTRY)
+    return body + _telemetry() if _telemetry is not None else body
 
 
 # --- GPU telemetry: families built from the sampler's latest snapshot on each scrape ------
@@ -147,8 +149,7 @@ def telemetry_families(snap: t.Snapshot) -> Iterator[Metric]:
 
 
 class TelemetryCollector(Collector):
-    """Serves the latest snapshot; never reads hardware (the sampler does, in the
-    background)."""
+    """Yields the families of one snapshot (it never reads hardware)."""
 
     def __init__(self, snapshot: Callable[[], t.Snapshot]) -> None:
         self._snapshot = snapshot
@@ -157,18 +158,21 @@ class TelemetryCollector(Collector):
         return telemetry_families(self._snapshot())
 
 
-_telemetry: TelemetryCollector | None = None
+def exposition(snap: t.Snapshot) -> bytes:
+    """`snap` in the text exposition format. The sampler renders each snapshot once, off
+    the event loop, so a scrape costs a copy however many devices there are."""
+    registry = CollectorRegistry()
+    registry.register(TelemetryCollector(lambda: snap))
+    return generate_latest(registry)
 
 
-def serve_telemetry(snapshot: Callable[[], t.Snapshot] | None) -> None:
-    """Expose GPU telemetry from `snapshot` (None: stop exposing it)."""
+_telemetry: Callable[[], bytes] | None = None
+
+
+def serve_telemetry(rendered: Callable[[], bytes] | None) -> None:
+    """Append `rendered()` (see exposition()) to every scrape; None stops it."""
     global _telemetry
-    if _telemetry is not None:
-        REGISTRY.unregister(_telemetry)
-        _telemetry = None
-    if snapshot is not None:
-        _telemetry = TelemetryCollector(snapshot)
-        REGISTRY.register(_telemetry)
+    _telemetry = rendered
 
 
 HealthCheck = Callable[[], Awaitable[str | None]]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from dra_plugin import nvml
+from dra_plugin import metrics, nvml
 from dra_plugin import telemetry as t
 from dra_plugin.claimholders import ClaimHolders
 from dra_plugin.devices import INTEL, NVIDIA, PCI_BUS_ID, Device
@@ -68,7 +68,8 @@ class Sampler:
         self._handles: dict[str, nvml.Handle] = {}
         self._failing: dict[str, str] = {}  # device -> last error (logged once per change)
         self._stop = asyncio.Event()
-        self.snapshot = t.Snapshot(node=node)  # read by the scrape path
+        # What a scrape serves: the snapshot and its rendering, swapped as one reference.
+        self._published: tuple[t.Snapshot, bytes] = (t.Snapshot(node=node), b"")
 
     # -- the loop (on the daemon's event loop) ---------------------------------------------
 
@@ -86,8 +87,17 @@ class Sampler:
     def stop(self) -> None:
         self._stop.set()
 
-    def current(self) -> t.Snapshot:
-        return self.snapshot
+    @property
+    def snapshot(self) -> t.Snapshot:
+        return self._published[0]
+
+    def rendered(self) -> bytes:
+        """The latest snapshot in the exposition format (the scrape path calls this)."""
+        return self._published[1]
+
+    def publish(self, snap: t.Snapshot) -> None:
+        """Render `snap` and make it what scrapes serve (blocking: call off the loop)."""
+        self._published = (snap, metrics.exposition(snap))
 
     async def sample(self) -> t.Snapshot:
         """One pass: hardware in a worker thread, then claim holders; returns the snapshot."""
@@ -99,8 +109,9 @@ class Sampler:
                 holders = await self._holders.holders()
             except Exception:  # a surprise here must not stop device telemetry
                 log.exception("telemetry: reading claim holders failed")
-        self.snapshot = replace(snap, holders=holders)
-        return self.snapshot
+        final = replace(snap, holders=holders)
+        await asyncio.to_thread(self.publish, final)
+        return final
 
     # -- the hardware pass (worker thread) --------------------------------------------------
 

@@ -43,6 +43,20 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
     "sharing.levels.0": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.8": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.64": ("shared_prepare_ms", "exclusive_prepare_ms"),
+    **{
+        f"telemetry.{n}": (
+            "sample_cpu_ms_per_device",
+            "sample_render_cpu_ms_per_device",
+            "read_cpu_ms_per_device_intel",
+            "read_cpu_ms_per_device_nvidia",
+            "sample_wall_ms",
+            "floor_raw_reads_cpu_ms_per_device",
+            "scrape_ms",
+            "scrape_render_cpu_ms",
+            "floor_http_get_ms",
+        )
+        for n in (8, 64)
+    },
 }
 # section path -> fields that are plain numbers
 NUMBERS: dict[str, tuple[str, ...]] = {
@@ -86,6 +100,16 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     "machine": ("nproc",),
     "sharing": ("worst_ratio_p50",),
     "sharing.levels.64": ("ratio_p50", "shares_held"),
+    **{
+        f"telemetry.{n}": (
+            "devices",
+            "intel",
+            "nvidia",
+            "scrape_ratio_p50_to_floor",
+            "exposition_bytes",
+        )
+        for n in (8, 64)
+    },
 }
 
 
@@ -142,6 +166,8 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
         "start-up to first slice < 1 s",
         "idle RSS < 60 MB",
         "zero writes when nothing changed",
+        "telemetry sample < 1 ms CPU per device",
+        "scrape p50 < 5 ms",
     }
     for t in targets:
         _number(t["value"], t["name"])

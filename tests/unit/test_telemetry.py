@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_plugin import config, metrics
@@ -108,9 +107,7 @@ def test_exposition_keeps_zero_and_leaves_absent_out() -> None:
         node="n1",
         taken_at=1.0,
     )
-    registry = CollectorRegistry()
-    registry.register(metrics.TelemetryCollector(lambda: snap))
-    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    families = list(text_string_to_metric_families(metrics.exposition(snap).decode()))
     by_name = {f.name: f for f in families}
     util = by_name["dra_plugin_gpu_utilization_ratio"].samples
     assert [(s.labels["device"], s.value) for s in util] == [("gpu-0", 0.0)]  # gpu-1: absent
@@ -127,7 +124,8 @@ def test_exposition_keeps_zero_and_leaves_absent_out() -> None:
 
 def test_registry_serves_the_collector_and_forgets_it() -> None:
     snap = t.Snapshot(devices=(t.DeviceSample(_ident("gpu-0"), up=True),), taken_at=5.0)
-    metrics.serve_telemetry(lambda: snap)
+    body = metrics.exposition(snap)
+    metrics.serve_telemetry(lambda: body)
     try:
         text = metrics.render().decode()
         parsed = {f.name for f in text_string_to_metric_families(text)}

@@ -85,7 +85,7 @@ enum {
 #define EVENT_DBE 0x2ULL
 #define EVENT_XID 0x8ULL
 #define FULL_INSTANCE 0xFFFFFFFFu
-#define MAX_GPUS 16
+#define MAX_GPUS 64
 #define MAX_MIGS 64
 #define MAX_MIG_PER_GPU 7
 #define TEXT 96
