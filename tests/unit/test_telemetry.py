@@ -145,3 +145,11 @@ def test_telemetry_interval_flag_and_env() -> None:
     assert cfg.telemetry_interval_seconds == 0
     with pytest.raises(config.ConfigError, match="TELEMETRY_INTERVAL_SECONDS"):
         config.parse(["run"], {**base, "TELEMETRY_INTERVAL_SECONDS": "-1"})
+
+
+def test_readme_metrics_table_lists_every_series() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    for series in t.CATALOGUE:
+        assert f"| `{t.PREFIX}{series.name}` |" in section, series.name
+    assert "(docs/dashboard.png)" in section
