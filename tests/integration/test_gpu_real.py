@@ -112,3 +112,41 @@ def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
     assert not mon.running
     bad = [r for r in list(reports.queue) if r[1] is not Health.HEALTHY]
     assert not bad, f"healthy GPUs were reported unhealthy: {bad}"
+
+
+def test_telemetry_on_real_gpus(real: NvmlDiscovery) -> None:
+    """Every full GPU answers the sampler; what it reports is in range and in base units."""
+    from dra_plugin.metrics import exposition
+    from dra_plugin.sampler import Sampler
+
+    gpus = [d for d in real.devices if d.attrs["type"] == "gpu"]
+    if not gpus:
+        pytest.skip("only MIG devices here: MIG devices carry no telemetry yet")
+    sampler = Sampler(node="gpu-test-node", interval=10, devices=lambda: gpus,
+                      nvidia_driver_root=DRIVER_ROOT)  # fmt: skip
+    try:
+        snap = sampler.sample_devices(gpus)
+    finally:
+        sampler.close()
+    for sample in snap.devices:
+        name = sample.identity.device
+        assert sample.up, name
+        got = {(r.series.name, r.labels): r.value for r in sample.readings}
+        total = got[("memory_total_bytes", ())]
+        assert total == real_memory(real, name)
+        assert 0 <= got[("memory_used_bytes", ())] <= total
+        for key in (("utilization_ratio", ()), ("memory_utilization_ratio", ())):
+            assert 0 <= got[key] <= 1, (name, key, got[key])
+        assert 0 < got[("temperature_celsius", ("gpu",))] < 120, name
+        if ("power_watts", ()) in got:  # W, not mW
+            assert 0 < got[("power_watts", ())] < 2000, name
+        if ("sm_clock_hertz", ()) in got:  # Hz, not MHz
+            assert 1e7 < got[("sm_clock_hertz", ())] < 5e9, name
+        reasons = {labels[0] for (series, labels) in got if series == "clock_throttle_active"}
+        assert not reasons or "gpu_idle" in reasons
+    text = exposition(snap).decode()
+    assert "dra_plugin_gpu_utilization_ratio{" in text
+
+
+def real_memory(real: NvmlDiscovery, name: str) -> int:
+    return next(d.caps["memory"] for d in real.devices if d.name == name)
