@@ -77,7 +77,10 @@ class Sampler:
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                await self.sample()
+                try:
+                    await self.sample()
+                except Exception:  # a surprise must not end telemetry for good: next pass
+                    log.exception("telemetry: sample failed")
                 delay = max(0.0, self._interval - (time.monotonic() - started))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), delay)
@@ -127,6 +130,11 @@ class Sampler:
                 self._note_failure(device, str(exc))
                 samples.append(t.DeviceSample(ident, up=False))
                 continue
+            except Exception as exc:
+                log.exception("telemetry: reading device=%s failed", device.name)
+                self._note_failure(device, f"{type(exc).__name__}: {exc}")
+                samples.append(t.DeviceSample(ident, up=False))
+                continue
             if self._failing.pop(device.name, None) is not None:
                 log.info("telemetry: device answers again device=%s", device.name)
             readings += [
@@ -135,6 +143,9 @@ class Sampler:
                 if name == device.name
             ]
             samples.append(t.DeviceSample(ident, up=True, readings=tuple(readings)))
+        names = {d.name for d in devices}
+        for gone in [n for n in self._failing if n not in names]:
+            del self._failing[gone]  # unpublished: forget it
         return t.Snapshot(
             devices=tuple(samples),
             node=self._node,

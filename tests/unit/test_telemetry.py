@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,29 @@ def test_readme_metrics_table_lists_every_series() -> None:
     for series in t.CATALOGUE:
         assert f"| `{t.PREFIX}{series.name}` |" in section, series.name
     assert "(docs/dashboard.png)" in section
+
+
+def test_sampler_keeps_going_after_a_failing_pass() -> None:
+    from dra_plugin.sampler import Sampler
+
+    calls = []
+
+    def devices() -> list[Device]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("surprise")
+        return []
+
+    async def go() -> float:
+        sampler = Sampler(node="n", interval=0.01, devices=devices)
+        task = asyncio.create_task(sampler.run())
+        for _ in range(500):  # at most ~5 s
+            if sampler.snapshot.taken_at or task.done():
+                break
+            await asyncio.sleep(0.01)
+        sampler.stop()
+        await task
+        return sampler.snapshot.taken_at
+
+    assert asyncio.run(go()) > 0
+    assert len(calls) >= 2
