@@ -255,7 +255,9 @@ async def run(cfg: Config) -> int:
     await asyncio.gather(*(h.close() for h in handlers.values()))
     if sampler is not None and sampler_task is not None:
         sampler.stop()  # its task ends after the pass in progress and closes NVML
-        await sampler_task
+        done, _ = await asyncio.wait([sampler_task], timeout=5)
+        if not done:  # a GPU hanging in an NVML call must not hang the shutdown
+            log.warning("telemetry sampler did not stop within 5 s; exiting without it")
     for m in monitors:
         m.stop()
     for t in tasks:
