@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from dra_plugin import metrics, nvml
 from dra_plugin import telemetry as t
@@ -29,6 +31,29 @@ from dra_plugin.intelsysfs import IntelSysfsReader
 log = logging.getLogger(__name__)
 
 XidCounts = Callable[[], Mapping[tuple[str, int], int]]
+T = TypeVar("T")
+
+
+async def _on_daemon_thread(fn: Callable[[], T]) -> T:
+    """fn() on a fresh daemon thread. Not the loop's default executor: a GPU stuck in an
+    NVML call would keep that executor's thread, and with it the process, from exiting."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[Any], None], value: Any) -> None:
+        if not fut.done():  # the awaiting task may have been cancelled meanwhile
+            setter(value)
+
+    def work() -> None:
+        try:
+            outcome: tuple[Callable[[Any], None], Any] = (fut.set_result, fn())
+        except Exception as exc:  # noqa: BLE001 - raised in the awaiting task instead
+            outcome = (fut.set_exception, exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name="telemetry-pass", daemon=True).start()
+    return await fut
 
 
 def identity(device: Device) -> t.DeviceIdentity:
@@ -105,7 +130,7 @@ class Sampler:
     async def sample(self) -> t.Snapshot:
         """One pass: hardware in a worker thread, then claim holders; returns the snapshot."""
         devices = tuple(self._devices())
-        snap = await asyncio.to_thread(self.sample_devices, devices)
+        snap = await _on_daemon_thread(lambda: self.sample_devices(devices))
         holders = self.snapshot.holders
         if self._holders is not None:
             try:

@@ -364,3 +364,38 @@ def test_claim_holders_cache_pods_and_survive_api_failures(tmp_path: Path) -> No
         ("gpu-4", "c", ""),
     }
     assert first == second
+
+
+def test_a_slow_gpu_blocks_neither_scrapes_nor_health_nor_shutdown(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    calls = tmp_path / "nvml-calls"
+    daemon, port = start(cluster, FAKE_NVML_CALL_LOG=str(calls))
+    sampled(cluster, port)
+    with cluster.nvml_events.open("a") as f:
+        f.write("set 0 utilization_delay_ms = 15000\n")  # gpu-0 starts answering slowly
+
+    def lines() -> list[str]:
+        return calls.read_text().splitlines()
+
+    before = len(lines())
+    cluster.wait_for("the slow call", lambda: "utilization 0" in lines()[before:])
+    assert "utilization-done 0" not in lines()
+    # The sampler is stuck in an NVML call; scrapes are still served (the last sample) ...
+    s = scrape(port)
+    assert s.value("dra_plugin_gpu_utilization_ratio", device="gpu-0") == pytest.approx(0.87)
+    # ... and the health monitor still handles events of the same library.
+    with cluster.nvml_events.open("a") as f:
+        f.write("xid 1 79\n")
+
+    def tainted() -> bool:
+        return any(
+            d["name"] == "gpu-3" and d.get("taints")
+            for sl in cluster.slices(NVIDIA)
+            for d in sl["spec"].get("devices", [])
+        )
+
+    cluster.wait_for("gpu-3 tainted", tainted)
+    assert "utilization-done 0" not in lines()  # all of that happened during the slow call
+    assert daemon.terminate() == 0  # shutdown does not wait for the stuck call
+    assert "utilization-done 0" not in lines()

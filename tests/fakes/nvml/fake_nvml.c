@@ -34,6 +34,8 @@
  *     clocks = 1980 2619              (SM MHz, memory MHz)
  *     ecc = 2 0                       (volatile corrected, uncorrected)
  *     throttle = 0x4                  (clock event reason bits)
+ *     utilization_delay_ms = 8000     (nvmlDeviceGetUtilizationRates takes this long: a
+ *                                      GPU that answers slowly; no lock is held meanwhile)
  *     [mig]                           (belongs to the [gpu] above it)
  *     name = NVIDIA H200 MIG 1g.18gb
  *     uuid = MIG-...
@@ -54,7 +56,8 @@
  *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
  *
  * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
- * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled.
+ * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled,
+ * and "utilization-done <gpu index>" when a delayed call returns.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -107,6 +110,7 @@ typedef struct {
     /* telemetry; has_* 0: not supported */
     int has_util, has_temp, has_power, has_energy, has_clocks, has_ecc, has_throttle;
     unsigned util_gpu, util_mem, temp, power_mw, power_limit_mw, clock_sm, clock_mem;
+    volatile unsigned util_delay_ms;
     unsigned long long memory_used, energy_mj, ecc_corrected, ecc_uncorrected, throttle;
     volatile int lost, failing;
 } fake_dev;
@@ -210,6 +214,7 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
     else if (!strcmp(key, "ecc"))
         d->has_ecc = sscanf(val, "%llu %llu", &d->ecc_corrected, &d->ecc_uncorrected) == 2;
     else if (!strcmp(key, "throttle")) d->has_throttle = 1, d->throttle = number(val);
+    else if (!strcmp(key, "utilization_delay_ms")) d->util_delay_ms = (unsigned)number(val);
     else fprintf(stderr, "fake_nvml: unknown device key %s\n", key);
 }
 
@@ -476,6 +481,12 @@ static void log_call(const char *what, int gpu) {
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *h, nvmlUtilization_t *u) {
     CHECK(h, d);
     log_call("utilization", d->gpu);
+    unsigned delay = d->util_delay_ms;
+    if (delay) {
+        struct timespec nap = {delay / 1000, (long)(delay % 1000) * 1000000L};
+        nanosleep(&nap, NULL);
+        log_call("utilization-done", d->gpu);
+    }
     if (d->is_mig || !d->has_util) return NVML_ERROR_NOT_SUPPORTED;
     u->gpu = d->util_gpu;
     u->memory = d->util_mem;
