@@ -399,3 +399,45 @@ def test_a_slow_gpu_blocks_neither_scrapes_nor_health_nor_shutdown(
     assert "utilization-done 0" not in lines()  # all of that happened during the slow call
     assert daemon.terminate() == 0  # shutdown does not wait for the stuck call
     assert "utilization-done 0" not in lines()
+
+
+# --- the NVML readings in this process (the real pynvml into the stand-in) -----------------
+
+
+@pytest.mark.parametrize("profile", ["consumer", "mig"])
+def test_nvml_values_a_gpu_does_not_have_are_absent(
+    profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dra_plugin.nvml import discover_nvidia
+    from dra_plugin.sampler import Sampler
+    from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
+
+    fake = build_fake_nvml()
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path(profile)))
+    found = discover_nvidia(fake.driver_root, NVIDIA, sysfs_root=tmp_path, proc_root=tmp_path)
+    assert found.error is None and found.devices
+    sampler = Sampler(node="n", interval=10, devices=lambda: found.devices,
+                      nvidia_driver_root=fake.driver_root)  # fmt: skip
+    try:
+        snap = sampler.sample_devices(found.devices)
+    finally:
+        sampler.close()
+    got = {
+        s.identity.device: {(r.series.name, r.labels): r.value for r in s.readings}
+        for s in snap.devices
+    }
+    assert all(s.up for s in snap.devices)
+    if profile == "consumer":  # a GeForce: no ECC, no energy counter, a Gen1 link
+        (values,) = got.values()
+        assert values[("utilization_ratio", ())] == pytest.approx(0.12)
+        assert values[("power_watts", ())] == pytest.approx(38.5)
+        assert values[("pcie_link_generation", ())] == 1
+        assert values[("pcie_link_max_generation", ())] == 5
+        assert not {k for k in values if k[0] in ("ecc_errors_total", "energy_joules_total")}
+        assert {k[1][0] for k in values if k[0] == "clock_throttle_active"} >= {"gpu_idle"}
+        assert not any(v for k, v in values.items() if k[0] == "clock_throttle_active")
+    else:  # MIG devices: NVML has per-GPU values only; nothing is made up for them
+        migs = [d.name for d in found.devices if d.attrs["type"] == "mig"]
+        assert migs and all(got[name] == {} for name in migs)
+        whole = [d.name for d in found.devices if d.attrs["type"] == "gpu"]
+        assert all(("memory_total_bytes", ()) in got[name] for name in whole)
