@@ -24,12 +24,14 @@ from typing import Any, TypeVar
 
 from dra_plugin import metrics, nvml
 from dra_plugin import telemetry as t
+from dra_plugin.amdsysfs import AmdSysfsReader
 from dra_plugin.claimholders import ClaimHolders
-from dra_plugin.devices import INTEL, NVIDIA, PCI_BUS_ID, Device
+from dra_plugin.devices import AMD, INTEL, NVIDIA, PCI_BUS_ID, Device
 from dra_plugin.intelsysfs import IntelSysfsReader
 
 log = logging.getLogger(__name__)
 
+_KERNEL_DRIVER = {NVIDIA: "nvidia", AMD: "amdgpu"}  # Intel devices carry i915/xe
 XidCounts = Callable[[], Mapping[tuple[str, int], int]]
 T = TypeVar("T")
 
@@ -66,7 +68,7 @@ def identity(device: Device) -> t.DeviceIdentity:
         model=str(model),
         vendor=device.vendor,
         uuid=device.uuid or "",
-        kernel_driver=str(attrs.get("driver") or ("nvidia" if device.vendor == NVIDIA else "")),
+        kernel_driver=str(attrs.get("driver") or _KERNEL_DRIVER.get(device.vendor, "")),
     )
 
 
@@ -87,6 +89,7 @@ class Sampler:
         self._devices = devices
         self._driver_root = nvidia_driver_root
         self._intel = IntelSysfsReader(sysfs_root)
+        self._amd = AmdSysfsReader(sysfs_root)
         self._holders = holders
         self._xid_counts = xid_counts
         self._nvml_ready = False
@@ -181,6 +184,8 @@ class Sampler:
     def _read(self, device: Device, now: float) -> list[t.Reading]:
         if device.vendor == INTEL:
             return self._intel.read(device, now)
+        if device.vendor == AMD:
+            return self._amd.read(device, now)
         if device.vendor == NVIDIA:
             if device.extra_value("parentUUID") or not device.uuid:
                 return []  # MIG devices: NVML reports most values per GPU only
@@ -202,6 +207,7 @@ class Sampler:
         if device.uuid:  # a reset GPU may come back with a new handle: look it up again
             self._handles.pop(device.uuid, None)
         self._intel.forget(device.name)
+        self._amd.forget(device.name)
         if self._failing.get(device.name) != error:
             log.warning("telemetry: device not read device=%s error=%s", device.name, error)
         self._failing[device.name] = error

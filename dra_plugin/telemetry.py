@@ -1,6 +1,6 @@
 """GPU telemetry as plain values: the series catalogue and what one sample holds.
 
-Pure data. The readers (nvml/readings.py for NVIDIA, intelsysfs.py for Intel) produce
+Pure data. The readers (nvml/readings.py, intelsysfs.py, amdsysfs.py, hwmon.py) produce
 `Reading`s, the sampler (sampler.py) assembles them into an immutable `Snapshot`, and
 metrics.py turns the latest snapshot into Prometheus families on each scrape.
 
@@ -25,81 +25,37 @@ class Series:
     name: str  # without PREFIX; counters end in _total
     kind: Literal["gauge", "counter", "info"]  # info: name ends in _info, value 1
     help: str
-    labels: tuple[str, ...] = ()  # beyond DEVICE_LABELS
-    vendors: str = "nvidia, intel"  # where the value comes from (README table)
+    labels: tuple[str, ...] = ()  # beyond DEVICE_LABELS (the README's Metrics table says
+    # where each value comes from, per vendor)
 
 
 UTILIZATION = Series(
     "utilization_ratio",
     "gauge",
     "Fraction of the last sample period in which a kernel ran on the GPU",
-    vendors="nvidia",
 )
 MEMORY_UTILIZATION = Series(
     "memory_utilization_ratio",
     "gauge",
     "Fraction of the last sample period in which device memory was read or written",
-    vendors="nvidia",
 )
-MEMORY_USED = Series(
-    "memory_used_bytes",
-    "gauge",
-    "Device memory in use",
-    vendors="nvidia, intel (out-of-tree i915 lmem_avail_bytes)",
-)
-MEMORY_TOTAL = Series(
-    "memory_total_bytes",
-    "gauge",
-    "Device memory installed",
-    vendors="nvidia, intel discrete (xe tile VRAM, i915 lmem)",
-)
-TEMPERATURE = Series(
-    "temperature_celsius",
-    "gauge",
-    "Temperature by sensor",
-    ("sensor",),
-    vendors="nvidia (sensor=gpu), intel hwmon (sensor=its label)",
-)
-POWER = Series(
-    "power_watts",
-    "gauge",
-    "Power draw",
-    vendors="nvidia, intel hwmon (from the energy counter between two samples)",
-)
-POWER_LIMIT = Series(
-    "power_limit_watts",
-    "gauge",
-    "Enforced power limit",
-    vendors="nvidia, intel hwmon power1_max",
-)
-ENERGY = Series(
-    "energy_joules_total",
-    "counter",
-    "Energy used since the driver loaded",
-    vendors="nvidia, intel hwmon",
-)
-SM_CLOCK = Series("sm_clock_hertz", "gauge", "SM clock", vendors="nvidia")
-MEMORY_CLOCK = Series("memory_clock_hertz", "gauge", "Memory clock", vendors="nvidia")
-GT_FREQUENCY = Series(
-    "gt_frequency_hertz",
-    "gauge",
-    "Actual graphics (GT) frequency",
-    ("gt",),
-    vendors="intel",
-)
+MEMORY_USED = Series("memory_used_bytes", "gauge", "Device memory in use")
+MEMORY_TOTAL = Series("memory_total_bytes", "gauge", "Device memory installed")
+TEMPERATURE = Series("temperature_celsius", "gauge", "Temperature by sensor", ("sensor",))
+POWER = Series("power_watts", "gauge", "Power draw")
+POWER_LIMIT = Series("power_limit_watts", "gauge", "Enforced power limit")
+ENERGY = Series("energy_joules_total", "counter", "Energy used since the driver loaded")
+SM_CLOCK = Series("sm_clock_hertz", "gauge", "SM clock (AMD: shader clock, sclk)")
+MEMORY_CLOCK = Series("memory_clock_hertz", "gauge", "Memory clock")
+GT_FREQUENCY = Series("gt_frequency_hertz", "gauge", "Actual graphics (GT) frequency", ("gt",))
 GT_REQUESTED_FREQUENCY = Series(
-    "gt_requested_frequency_hertz",
-    "gauge",
-    "Graphics (GT) frequency the driver requested",
-    ("gt",),
-    vendors="intel",
+    "gt_requested_frequency_hertz", "gauge", "Graphics (GT) frequency the driver requested", ("gt",)
 )
 RC6_RESIDENCY = Series(
     "rc6_residency_seconds_total",
     "counter",
     "Time the GT spent in RC6 (idle, powered down); 1 - rate() is the busy fraction",
     ("gt",),
-    vendors="intel",
 )
 PCIE_GEN = Series("pcie_link_generation", "gauge", "Current PCIe link generation")
 PCIE_MAX_GEN = Series("pcie_link_max_generation", "gauge", "Maximum PCIe link generation")
@@ -110,32 +66,22 @@ ECC_ERRORS = Series(
     "counter",
     "ECC errors since the driver loaded (volatile counters)",
     ("type",),
-    vendors="nvidia (where ECC is supported)",
 )
 XID_ERRORS = Series(
     "xid_errors_total",
     "counter",
     "XID errors the health monitor saw since the plugin started, ignored ones included",
     ("xid",),
-    vendors="nvidia",
 )
 THROTTLE = Series(
     "clock_throttle_active",
     "gauge",
     "1 while the clock event (throttle) reason is active",
     ("reason",),
-    vendors="nvidia",
 )
-UP = Series(
-    "up",
-    "gauge",
-    "1 when the last sample read the device, 0 when it did not answer",
-)
+UP = Series("up", "gauge", "1 when the last sample read the device, 0 when it did not answer")
 INFO = Series(
-    "info",
-    "gauge",
-    "Device identity (value 1)",
-    ("vendor", "uuid", "kernel_driver", "node"),
+    "info", "gauge", "Device identity (value 1)", ("vendor", "uuid", "kernel_driver", "node")
 )
 CLAIM_INFO = Series(
     "claim_info",

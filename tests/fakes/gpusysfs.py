@@ -9,6 +9,11 @@ kernel's (see dra_plugin/intelsysfs.py); what a card does not expose is simply m
   and pkg channels), power limit and two temperature sensors;
 - sriov-pf (i915, Flex 170): legacy card-level frequency files and power/rc6_residency_ms;
   hwmon with energy and power limit but no temperature; out-of-tree lmem_avail_bytes.
+- amd (amdgpu, RX 7900 XTX): busy percentages, VRAM used, hwmon power1_average (an older
+  kernel's name) and power1_cap, three labelled temperatures, sclk/mclk;
+- amd-apu (amdgpu, Radeon 780M): gpu_busy_percent, VRAM used, power1_input, one
+  temperature, sclk; no mem_busy_percent, no power cap;
+- amd-mi300x: whole-GPU files that its partitions must not report.
 """
 
 from __future__ import annotations
@@ -51,6 +56,38 @@ TELEMETRY: Mapping[str, Mapping[str, str]] = {
         "hwmon/hwmon5/name": "i915",
         "hwmon/hwmon5/energy1_input": "4000000000",
         "hwmon/hwmon5/power1_max": "150000000",
+    },
+    "amd": {
+        "gpu_busy_percent": "37",
+        "mem_busy_percent": "12",
+        "mem_info_vram_used": str(6 << 30),
+        "hwmon/hwmon2/name": "amdgpu",
+        "hwmon/hwmon2/power1_average": "212000000",
+        "hwmon/hwmon2/power1_cap": "303000000",
+        "hwmon/hwmon2/temp1_input": "54000",
+        "hwmon/hwmon2/temp1_label": "edge",
+        "hwmon/hwmon2/temp2_input": "71000",
+        "hwmon/hwmon2/temp2_label": "junction",
+        "hwmon/hwmon2/temp3_input": "68000",
+        "hwmon/hwmon2/temp3_label": "mem",
+        "hwmon/hwmon2/freq1_input": "2400000000",
+        "hwmon/hwmon2/freq1_label": "sclk",
+        "hwmon/hwmon2/freq2_input": "1250000000",
+        "hwmon/hwmon2/freq2_label": "mclk",
+    },
+    "amd-apu": {
+        "gpu_busy_percent": "5",
+        "mem_info_vram_used": str(300 << 20),
+        "hwmon/hwmon4/name": "amdgpu",
+        "hwmon/hwmon4/power1_input": "9000000",
+        "hwmon/hwmon4/temp1_input": "48000",
+        "hwmon/hwmon4/temp1_label": "edge",
+        "hwmon/hwmon4/freq1_input": "800000000",
+        "hwmon/hwmon4/freq1_label": "sclk",
+    },
+    "amd-mi300x": {
+        "gpu_busy_percent": "99",
+        "mem_info_vram_used": str(100 << 30),
     },
 }
 

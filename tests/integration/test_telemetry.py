@@ -74,7 +74,9 @@ def scrape(port: int) -> Scrape:
         return Scrape(r.read().decode())
 
 
-def start(cluster: Cluster, interval: str = "0.2", **env: str) -> tuple[Daemon, int]:
+def start(
+    cluster: Cluster, interval: str = "0.2", drivers: tuple[str, ...] = (INTEL, NVIDIA), **env: str
+) -> tuple[Daemon, int]:
     port = _free_port()
     daemon = cluster.start_daemon(
         env={
@@ -84,7 +86,7 @@ def start(cluster: Cluster, interval: str = "0.2", **env: str) -> tuple[Daemon, 
             **env,
         }
     )
-    daemon.wait_ready()
+    daemon.wait_ready(drivers)
     return daemon, port
 
 
@@ -441,3 +443,39 @@ def test_nvml_values_a_gpu_does_not_have_are_absent(
         assert migs and all(got[name] == {} for name in migs)
         whole = [d.name for d in found.devices if d.attrs["type"] == "gpu"]
         assert all(("memory_total_bytes", ()) in got[name] for name in whole)
+
+
+def test_amd_gpus_from_amdgpu_sysfs_and_hwmon(tmp_path: Path) -> None:
+    c = Cluster(tmp_path, profile="amd+amd-apu", nvml_profile=None)
+    try:
+        daemon, port = start(
+            c, drivers=("gpu.amd.com",), VENDORS="amd", HOST_ROOT=str(tmp_path / "host")
+        )
+        navi, apu, mi300x = (CARDS[k] for k in ("amd", "amd-apu", "amd-mi300x"))
+        s = sampled(c, port, lambda s: s.value("dra_plugin_gpu_up", device=apu.name) == 1)
+        v = s.value
+        nv = {"driver": "gpu.amd.com", "device": navi.name, "pci_bus_id": navi.pci_address}
+        assert v("dra_plugin_gpu_utilization_ratio", **nv) == pytest.approx(0.37)
+        assert v("dra_plugin_gpu_memory_utilization_ratio", **nv) == pytest.approx(0.12)
+        assert v("dra_plugin_gpu_memory_used_bytes", **nv) == 6 * GiB
+        assert v("dra_plugin_gpu_memory_total_bytes", **nv) == 24 * GiB
+        assert v("dra_plugin_gpu_power_watts", **nv) == 212  # power1_average, not derived
+        assert v("dra_plugin_gpu_power_limit_watts", **nv) == 303
+        assert v("dra_plugin_gpu_temperature_celsius", sensor="junction", **nv) == 71
+        assert v("dra_plugin_gpu_sm_clock_hertz", **nv) == 2.4e9
+        assert v("dra_plugin_gpu_memory_clock_hertz", **nv) == 1.25e9
+        assert v("dra_plugin_gpu_pcie_link_generation", **nv) == 4
+        assert v("dra_plugin_gpu_info", kernel_driver="amdgpu", vendor="amd", **nv) == 1
+        assert v("dra_plugin_gpu_power_watts", device=apu.name) == 9
+        for absent in ("memory_utilization_ratio", "power_limit_watts", "memory_clock_hertz"):
+            assert apu.name not in s.devices(f"dra_plugin_gpu_{absent}"), absent
+        # A partitioned MI300X: the whole-GPU files are not split among its partitions.
+        c.sim.add_card("amd-mi300x")
+        s = sampled(c, port, lambda s: len(s.devices("dra_plugin_gpu_up")) == 10)
+        parts = {d for d in s.devices("dra_plugin_gpu_up") if d.startswith(mi300x.name)}
+        assert len(parts) == 8
+        assert not parts & s.devices("dra_plugin_gpu_utilization_ratio")
+        assert all(s.value("dra_plugin_gpu_up", device=p) == 1 for p in parts)
+        assert daemon.terminate() == 0
+    finally:
+        c.close()
