@@ -83,7 +83,8 @@ class ClaimHolders:
                     continue
                 for dev in rec.devices:
                     out.append(_Prepared(driver, dev.device, rec.namespace, rec.name, rec.uid))
-        return out
+        # A claim holding several shares (or requests) of one device is one row.
+        return list(dict.fromkeys(out))
 
     async def holders(self) -> tuple[ClaimHolder, ...]:
         prepared = await asyncio.to_thread(self._prepared)

@@ -120,7 +120,7 @@ def telemetry_families(snap: t.Snapshot) -> Iterator[Metric]:
         for r in d.readings:
             add(r.series, [*base, *r.labels], r.value)
     by_device = {(d.identity.driver, d.identity.device): d.identity for d in snap.devices}
-    for h in snap.holders:
+    for h in dict.fromkeys(snap.holders):  # one sample per label set, whatever the source
         held = by_device.get((h.driver, h.device))
         if held is None:
             continue  # a claim on a device no longer published

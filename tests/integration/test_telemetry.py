@@ -324,7 +324,10 @@ def _checkpoint(state_dir: Path, driver: str, claims: dict[str, tuple[str, str, 
     records = {
         uid: ClaimRecord(
             uid=uid, namespace=ns, name=name, state=COMPLETED, spec_file=f"{uid}.json",
-            devices=(DeviceRecord(("gpu",), "node-a", device, ()),),
+            devices=(
+                DeviceRecord(("gpu",), "node-a", device, (), share_id="s1", shares=1),
+                DeviceRecord(("gpu",), "node-a", device, (), share_id="s2", shares=1),
+            ),
         )
         for uid, (ns, name, device) in claims.items()
     }  # fmt: skip
@@ -341,7 +344,7 @@ def test_claim_holders_cache_pods_and_survive_api_failures(tmp_path: Path) -> No
         srv.add_claim(ok)
         srv.add_claim({**allocated_claim("b", []), "metadata": {"name": "b", "uid": "other"}})
         _checkpoint(tmp_path, NVIDIA, {
-            "u-a": ("default", "a", "gpu-0"),  # reserved for two pods
+            "u-a": ("default", "a", "gpu-0"),  # reserved for two pods, holds two shares
             "u-b": ("default", "b", "gpu-3"),  # the stored claim "b" has another UID: replaced
             "u-c": ("default", "c", "gpu-4"),  # not in the API at all
         })  # fmt: skip
@@ -365,6 +368,7 @@ def test_claim_holders_cache_pods_and_survive_api_failures(tmp_path: Path) -> No
         ("gpu-3", "b", ""),
         ("gpu-4", "c", ""),
     }
+    assert len(first) == len(rows)  # two shares of one device: still one row per pod
     assert first == second
 
 

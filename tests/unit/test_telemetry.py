@@ -103,6 +103,7 @@ def test_exposition_keeps_zero_and_leaves_absent_out() -> None:
         ),
         holders=(
             t.ClaimHolder("gpu.nvidia.com", "gpu-0", "ml", "train", "u1", "trainer-0"),
+            t.ClaimHolder("gpu.nvidia.com", "gpu-0", "ml", "train", "u1", "trainer-0"),  # 2 shares
             t.ClaimHolder("gpu.nvidia.com", "gpu-9", "ml", "old", "u2", ""),  # not published
         ),
         node="n1",
