@@ -45,10 +45,13 @@ class BenchNode:
         self.slice_created: list[float] = []  # time.monotonic() of every accepted create
         original = self.api.create_slice
 
-        def create_slice(version: str, body: dict[str, Any]) -> dict[str, Any]:
-            result = original(version, body)  # raises for a rejected slice
-            with self._lock:
-                self.slice_created.append(time.monotonic())
+        def create_slice(
+            version: str, body: dict[str, Any], *, dry_run: bool = False
+        ) -> dict[str, Any]:
+            result = original(version, body, dry_run=dry_run)  # raises for a rejected slice
+            if not dry_run:  # a dry-run create (the sharing probe) stores nothing
+                with self._lock:
+                    self.slice_created.append(time.monotonic())
             return result
 
         # The handler calls `server_state.create_slice`: an instance attribute shadows it.
