@@ -6,7 +6,6 @@ at the edge; the rest of the program receives a frozen `Config`.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -14,13 +13,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import AMD, INTEL, NVIDIA, VENDOR_ORDER, is_dns_subdomain, valid_driver_name
-from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
+from dra_plugin.options import (
+    CDI_STRATEGIES,
+    COMMANDS,
+    DEFAULT_XID_IGNORE,
+    SOCKET_PATH_MAX,
+    TAINT_EFFECTS,
+    all_options,
+    build_parser,
+)
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, SHARED, Sharing
 
-SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
-CDI_STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
-TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-# XIDs caused by applications (not the hardware): the vendor drivers ignore them too.
-DEFAULT_XID_IGNORE = (13, 31, 43, 45, 68, 109)
+__all__ = [
+    "CDI_STRATEGIES",
+    "TAINT_EFFECTS",
+    "Config",
+    "ConfigError",
+    "all_options",
+    "parse",
+]
 
 
 class ConfigError(ValueError):
@@ -64,6 +75,8 @@ class Config:
     nvidia_sharing: str = EXCLUSIVE
     nvidia_shares: int = DEFAULT_SHARES
     nvidia_shared_memory: bool = False
+    amd_sharing: str = EXCLUSIVE
+    amd_shares: int = DEFAULT_SHARES
     output: str = "table"
 
     # --- derived paths -------------------------------------------------------------
@@ -83,6 +96,8 @@ class Config:
             return Sharing(self.intel_shares)
         if vendor == NVIDIA and self.nvidia_sharing == SHARED:
             return Sharing(self.nvidia_shares, memory=self.nvidia_shared_memory)
+        if vendor == AMD and self.amd_sharing == SHARED:
+            return Sharing(self.amd_shares)
         return None
 
     def plugin_dir(self, driver: str) -> Path:
@@ -95,190 +110,6 @@ class Config:
     def registration_socket(self, driver: str) -> Path:
         name = f"{driver}-{self.pod_uid}-reg.sock" if self.pod_uid else f"{driver}-reg.sock"
         return self.registrar_dir / name
-
-
-@dataclass(frozen=True)
-class _Opt:
-    flag: str
-    env: str
-    help: str
-    default: str
-    choices: tuple[str, ...] | None = None
-
-
-_COMMON = (
-    _Opt("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", ""),
-    _Opt(
-        "--vendors",
-        "VENDORS",
-        "comma-separated vendors to enable (intel,nvidia,amd)",
-        "intel,nvidia",
-    ),
-    _Opt(
-        "--intel-driver-name",
-        "INTEL_DRIVER_NAME",
-        "DRA driver name for Intel GPUs",
-        "gpu.intel.com",
-    ),
-    _Opt(
-        "--nvidia-driver-name",
-        "NVIDIA_DRIVER_NAME",
-        "DRA driver name for NVIDIA GPUs",
-        "gpu.nvidia.com",
-    ),
-    _Opt(
-        "--amd-driver-name",
-        "AMD_DRIVER_NAME",
-        "DRA driver name for AMD GPUs",
-        "gpu.amd.com",
-    ),
-    _Opt(
-        "--nvidia-driver-root",
-        "NVIDIA_DRIVER_ROOT",
-        "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)",
-        "/",
-    ),
-    _Opt("--host-root", "HOST_ROOT", "root of the host filesystem (doctor reads /proc, /etc)", "/"),
-    _Opt("--kubeconfig", "KUBECONFIG", "kubeconfig file (default: in-cluster config)", ""),
-    _Opt("--log-level", "LOG_LEVEL", "log level", "info", ("debug", "info", "warning", "error")),
-    _Opt("--log-format", "LOG_FORMAT", "log format", "text", ("text", "json")),
-)
-
-_RUN = (
-    _Opt("--pod-uid", "POD_UID", "pod UID; enables rolling-update socket names", ""),
-    _Opt(
-        "--kubelet-registrar-directory-path",
-        "KUBELET_REGISTRAR_DIRECTORY_PATH",
-        "kubelet plugin registration directory",
-        "/var/lib/kubelet/plugins_registry",
-    ),
-    _Opt(
-        "--kubelet-plugins-directory-path",
-        "KUBELET_PLUGINS_DIRECTORY_PATH",
-        "kubelet plugins directory (DRA sockets and plugin state)",
-        "/var/lib/kubelet/plugins",
-    ),
-    _Opt("--cdi-root", "CDI_ROOT", "directory the CDI specs are written to", "/var/cdi/dynamic"),
-    _Opt(
-        "--cdi-max-version",
-        "CDI_MAX_VERSION",
-        "highest cdiVersion to write (containerd 2.0.0-2.0.4 reject newer than 0.8.0)",
-        "0.8.0",
-    ),
-    _Opt(
-        "--nvidia-cdi-strategy",
-        "NVIDIA_CDI_STRATEGY",
-        "how NVIDIA userspace reaches containers",
-        "auto",
-        CDI_STRATEGIES,
-    ),
-    _Opt(
-        "--nvidia-toolkit-cdi-dirs",
-        "NVIDIA_TOOLKIT_CDI_DIRS",
-        "comma-separated dirs searched for the NVIDIA toolkit's CDI spec",
-        "/var/cdi/static,/var/run/cdi,/etc/cdi",
-    ),
-    _Opt("--metrics-address", "METRICS_ADDRESS", "metrics/healthz listen address", "0.0.0.0"),
-    _Opt("--metrics-port", "METRICS_PORT", "metrics/healthz port (0 disables)", "8080"),
-    _Opt(
-        "--telemetry-interval-seconds",
-        "TELEMETRY_INTERVAL_SECONDS",
-        "how often GPU telemetry for /metrics is sampled (0 disables)",
-        "10",
-    ),
-    _Opt(
-        "--shutdown-grace-seconds",
-        "SHUTDOWN_GRACE_SECONDS",
-        "how long in-flight calls may finish after SIGTERM",
-        "10",
-    ),
-    _Opt(
-        "--health-check-timeout-seconds",
-        "HEALTH_CHECK_TIMEOUT_SECONDS",
-        "after this long without an update the kubelet treats device health as unknown",
-        "30",
-    ),
-    _Opt(
-        "--taint-effect",
-        "HEALTH_TAINT_EFFECT",
-        "effect of the taint on unhealthy devices (None disables tainting)",
-        "NoSchedule",
-        TAINT_EFFECTS,
-    ),
-    _Opt(
-        "--amd-ras-poll-seconds",
-        "AMD_RAS_POLL_SECONDS",
-        "how often AMD RAS error counters are read (0 disables)",
-        "10",
-    ),
-    _Opt(
-        "--intel-sharing",
-        "INTEL_SHARING",
-        "exclusive: one claim per Intel GPU; shared: several claims share one (consumable "
-        "capacity, Kubernetes 1.34+ with DRAConsumableCapacity)",
-        EXCLUSIVE,
-        MODES,
-    ),
-    _Opt("--intel-shares", "INTEL_SHARES", "shares per Intel GPU when shared", "8"),
-    _Opt(
-        "--nvidia-sharing",
-        "NVIDIA_SHARING",
-        "exclusive: one claim per NVIDIA GPU; shared: several claims share one",
-        EXCLUSIVE,
-        MODES,
-    ),
-    _Opt("--nvidia-shares", "NVIDIA_SHARES", "shares per NVIDIA GPU when shared", "8"),
-    _Opt(
-        "--nvidia-shared-memory",
-        "NVIDIA_SHARED_MEMORY",
-        "shared NVIDIA GPUs also publish memory as consumable capacity (booked by the "
-        "scheduler, not enforced on the GPU)",
-        "false",
-        ("true", "false"),
-    ),
-    _Opt(
-        "--xid-ignore",
-        "NVIDIA_XID_IGNORE",
-        "comma-separated XIDs that do not mark a GPU unhealthy",
-        ",".join(str(x) for x in DEFAULT_XID_IGNORE),
-    ),
-)
-
-_COMMANDS: dict[str, tuple[str, tuple[_Opt, ...]]] = {
-    "run": ("run the kubelet plugin daemon", _COMMON + _RUN),
-    "discover": (
-        "print the GPUs found on this node and the ResourceSlices run would publish",
-        _COMMON + _RUN,
-    ),
-    "doctor": ("check this node for GPU, driver, CDI and kubelet problems", _COMMON + _RUN),
-}
-
-
-def all_options() -> dict[str, str]:
-    """Flag -> env twin for every command (used by the chart consistency test)."""
-    return {o.flag: o.env for _, opts in _COMMANDS.values() for o in opts}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dra-plugin",
-        description="Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs. "
-        "Every flag can also be set by the environment variable shown in brackets.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, opts) in _COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        for o in opts:
-            p.add_argument(
-                o.flag,
-                default=None,
-                choices=o.choices,
-                help=f"{o.help} [{o.env}, default {o.default!r}]",
-            )
-        if name in ("discover", "doctor"):
-            choices = ("table", "json", "yaml") if name == "discover" else ("table", "json")
-            p.add_argument("-o", "--output", default="table", choices=choices, help="output format")
-    return parser
 
 
 def _split(value: str) -> tuple[str, ...]:
@@ -298,9 +129,9 @@ def _number(name: str, raw: str, kind: type[int] | type[float], low: float) -> i
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     """Parse argv (without the program name) and env into a validated Config."""
     env = os.environ if env is None else env
-    ns = _parser().parse_args(list(argv))
+    ns = build_parser().parse_args(list(argv))
     command: str = ns.command
-    opts = _COMMANDS[command][1]
+    opts = COMMANDS[command][1]
     raw: dict[str, str] = {}
     for o in opts:
         attr = o.flag.lstrip("-").replace("-", "_")
@@ -354,7 +185,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         ) from None
 
     shares = {}
-    for key in ("intel_shares", "nvidia_shares"):
+    for key in ("intel_shares", "nvidia_shares", "amd_shares"):
         shares[key] = int(_number(key.upper(), raw[key], int, 1))
         if shares[key] > MAX_SHARES:
             raise ConfigError(f"{key.upper()}={raw[key]!r} must be <= {MAX_SHARES}")
@@ -408,6 +239,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         nvidia_sharing=raw["nvidia_sharing"],
         nvidia_shares=shares["nvidia_shares"],
         nvidia_shared_memory=raw["nvidia_shared_memory"] == "true",
+        amd_sharing=raw["amd_sharing"],
+        amd_shares=shares["amd_shares"],
         output=getattr(ns, "output", "table"),
     )
     if cfg.metrics_port > 65535:

@@ -49,8 +49,8 @@ def parse_quantity(value: str) -> Decimal:
         raise ValueError(f"{value!r} is not a quantity")
     number, suffix = match.group(1), match.group(2) or ""
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
-        return Decimal(number) * _SUFFIX[suffix]
+        if suffix in _SUFFIX:  # "E" is exa and "Ei" exbi, not exponents
+            return Decimal(number) * _SUFFIX[suffix]
+        return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
     except (InvalidOperation, KeyError) as exc:
         raise ValueError(f"{value!r} is not a quantity") from exc

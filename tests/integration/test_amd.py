@@ -231,3 +231,39 @@ def test_discover_command_shows_amd(cluster: Cluster) -> None:
     assert [r[0] for r in rows[1:3]] == ["amd", "amd"]
     assert {r[2] for r in rows[1:3]} == {NAVI, APU}
     assert "no current_compute_partition" in out.stderr
+
+
+def test_shared_amd_gpu_serves_several_claims_each_with_kfd(cluster: Cluster) -> None:
+    daemon = cluster.start_daemon(env=_amd_env(cluster.tmp, AMD_SHARING="shared", AMD_SHARES="2"))
+    daemon.wait_ready([AMD])
+    amd = cluster.kubelet().wait_for(AMD)
+    cluster.wait_for("amd slices", lambda: cluster.published(AMD) == sorted([NAVI, APU]))
+    devs = {d["name"]: d for s in cluster.slices(AMD) for d in s["spec"]["devices"]}
+    assert devs[NAVI]["allowMultipleAllocations"] is True
+    assert devs[NAVI]["capacity"]["shares"]["value"] == "2"
+    for item in cluster.slices(AMD):
+        kubernetes_validate.validate(item, "1.36.0", strict=True)
+        assert validate_slice(item, "v1") == []
+
+    refs = []
+    for i in range(3):
+        result = {"request": "gpu", "driver": AMD, "pool": cluster.node, "device": NAVI}
+        obj = cluster.api.add_claim(
+            allocated_claim(
+                f"rocm-{i}", [{**result, "shareID": f"00000000-0000-4000-8000-00000000000{i}"}]
+            )
+        )
+        refs.append(Claim("default", obj["metadata"]["uid"], f"rocm-{i}"))
+    got = amd.prepare(refs).claims
+    for ref in refs[:2]:
+        assert got[ref.uid].error == "", got[ref.uid].error
+        assert got[ref.uid].devices[0].share_id.endswith(ref.name[-1])
+        spec = json.loads((cluster.cdi / f"k8s.{AMD}-claim_{ref.uid}.json").read_text())
+        assert spec["containerEdits"]["deviceNodes"] == [{**KFD, "type": "c"}]
+    # Two shares: the third claim is refused, naming itself and the device.
+    refused = got[refs[2].uid].error
+    assert "claim default/rocm-2" in refused and f"{NAVI} is over-subscribed" in refused
+    assert amd.unprepare([refs[0]]).claims[refs[0].uid].error == ""
+    again = amd.prepare([refs[2]]).claims[refs[2].uid]
+    assert again.error == "", again.error
+    assert daemon.terminate() == 0

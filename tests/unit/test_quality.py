@@ -30,6 +30,17 @@ def test_mypy_strict() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_no_module_over_400_lines() -> None:
+    """House rule: a module past ~400 lines is two modules (generated protos aside)."""
+    package = ROOT / "dra_plugin"
+    too_long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted(package.rglob("*.py"))
+        if "_proto" not in p.parts and (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not too_long, f"split these by job: {too_long}"
+
+
 def test_generated_protos_are_current(tmp_path: Path) -> None:
     r = _run("bash", "protos/generate.sh", str(tmp_path))
     assert r.returncode == 0, r.stderr

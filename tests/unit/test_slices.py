@@ -188,6 +188,10 @@ def test_quantity_forms() -> None:
     assert canonical_quantity(1500) == "1500"
     assert parse_quantity("16Gi") == 16 * 2**30
     assert parse_quantity("1e3") == 1000
+    # "E" alone is the exa suffix (the server writes 10^18 as "1E"), "Ei" is exbi.
+    assert parse_quantity("1E") == 10**18
+    assert parse_quantity("2Ei") == 2 * 2**60
+    assert parse_quantity("1E3") == 1000
     with pytest.raises(ValueError):
         parse_quantity("lots")
 
