@@ -58,10 +58,14 @@ class HealthTracker:
             self._since.setdefault((driver, d.name), now)
             out.append(d)
         result = tuple(out)
-        if self._devices.get(driver) != result:
+        previous = self._devices.get(driver, ())
+        if previous != result:
             self._devices[driver] = result
             for d in result:
                 metrics.set_device_health(driver, d.name, d.health.value)
+            # An unplugged device's series goes with it instead of staying forever.
+            for name in {d.name for d in previous} - {d.name for d in result}:
+                metrics.forget_device_health(driver, name)
             self._bump()
         return result
 

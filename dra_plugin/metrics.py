@@ -7,6 +7,7 @@ it runs on the daemon's loop, so /healthz can call the plugin's own sockets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -72,6 +73,11 @@ def set_devices(driver: str, count: int) -> None:
 
 def set_device_health(driver: str, device: str, health: str) -> None:
     _HEALTH.labels(driver, device).set(_HEALTH_VALUE.get(health, -1.0))
+
+
+def forget_device_health(driver: str, device: str) -> None:
+    with contextlib.suppress(KeyError):  # never set: nothing to remove
+        _HEALTH.remove(driver, device)
 
 
 def slice_write(driver: str, verb: str) -> None:
