@@ -10,25 +10,15 @@ they are read for the whole GPU only: a partition carries `up` and `_info`.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from dra_plugin import telemetry as t
 from dra_plugin.devices import Device
-from dra_plugin.hwmon import DeviceGone, HwmonReader, pci_dir, pcie_link, read_int
+from dra_plugin.hwmon import SysfsGpuReader, pcie_link, read_int
 
 
-class AmdSysfsReader:
-    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
-        self._root = str(sysfs_root)
-        self._hwmon = HwmonReader()
-
+class AmdSysfsReader(SysfsGpuReader):
     def read(self, device: Device, now: float) -> list[t.Reading]:
         """All values of `device`; raises DeviceGone when its PCI directory vanished."""
-        try:
-            pci = pci_dir(self._root, device)
-        except DeviceGone:
-            self._hwmon.forget(device.name)
-            raise
+        pci = self._pci_dir(device)
         if device.attrs.get("type") != "amdgpu":
             return []  # a partition: the files describe the whole GPU
         out: list[t.Reading] = []
@@ -44,6 +34,3 @@ class AmdSysfsReader:
         out += self._hwmon.read(device.name, pci, now)
         out += pcie_link(pci)
         return out
-
-    def forget(self, device: str) -> None:
-        self._hwmon.forget(device)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 from dra_plugin import telemetry as t
 from dra_plugin.devices import PCIE_GEN_BY_RATE, Device
@@ -153,3 +154,23 @@ class HwmonReader:
         if derive_power and last is not None and now > last[1] and joules >= last[0]:
             out.append(t.Reading(t.POWER, (joules - last[0]) / (now - last[1])))
         return out
+
+
+class SysfsGpuReader:
+    """What the Intel and AMD readers share: the sysfs root, hwmon state per device
+    (energy -> power needs the previous sample), and forgetting a vanished device."""
+
+    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+        self._root = str(sysfs_root)
+        self._hwmon = HwmonReader()
+
+    def _pci_dir(self, device: Device) -> str:
+        """`device`'s PCI directory; raises DeviceGone (and forgets it) when it vanished."""
+        try:
+            return pci_dir(self._root, device)
+        except DeviceGone:
+            self._hwmon.forget(device.name)
+            raise
+
+    def forget(self, device: str) -> None:
+        self._hwmon.forget(device)

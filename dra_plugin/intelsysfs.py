@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 from dra_plugin import telemetry as t
 from dra_plugin.devices import Device
-from dra_plugin.hwmon import DeviceGone, HwmonReader, listdir, pci_dir, pcie_link, read_int
+from dra_plugin.hwmon import DeviceGone, SysfsGpuReader, listdir, pcie_link, read_int
 
 __all__ = ["DeviceGone", "IntelSysfsReader"]
 
@@ -84,20 +83,12 @@ def _xe_gts(pci: str) -> list[t.Reading]:
     return out
 
 
-class IntelSysfsReader:
+class IntelSysfsReader(SysfsGpuReader):
     """Reads one Intel device's values (hwmon state kept for energy -> power)."""
-
-    def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
-        self._root = str(sysfs_root)
-        self._hwmon = HwmonReader()
 
     def read(self, device: Device, now: float) -> list[t.Reading]:
         """All values of `device`; raises DeviceGone when its PCI directory vanished."""
-        try:
-            pci = pci_dir(self._root, device)
-        except DeviceGone:
-            self._hwmon.forget(device.name)
-            raise
+        pci = self._pci_dir(device)
         out: list[t.Reading] = []
         card = self._card_dir(device)
         if card is not None:
@@ -112,9 +103,6 @@ class IntelSysfsReader:
             if avail is not None and 0 <= avail <= total:
                 out.append(t.Reading(t.MEMORY_USED, float(total - avail)))
         return out
-
-    def forget(self, device: str) -> None:
-        self._hwmon.forget(device)
 
     def _card_dir(self, device: Device) -> str | None:
         node = device.extra_value("card")  # /dev/dri/cardN

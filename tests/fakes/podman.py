@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 BINARIES = ("podman", "crun", "unshare", "mount")
 BUSYBOX = ("/bin/busybox", "/usr/bin/busybox")
 APPLETS = ("sh", "ls", "cat", "stat", "echo", "test")
@@ -186,3 +188,22 @@ def parse_ls(output: str) -> dict[str, tuple[str, int, int]]:
         if len(parts) >= 10 and parts[0][:1] in ("c", "b") and parts[4].endswith(","):
             found[parts[-1]] = (parts[0][0], int(parts[4].rstrip(",")), int(parts[5]))
     return found
+
+
+def podman_for_tests(work: Path) -> Podman:
+    """A Podman ready to run, or the test skipped with the reason containers cannot run.
+
+    Under CI (`CI` set), missing tools fail instead: .ci/setup installs them, so their
+    absence there is a setup defect, not a machine that cannot run containers.
+    """
+    missing = missing_tools()
+    if missing:
+        message = f"container runtime not installed: {', '.join(missing)} (.ci/setup installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    podman = Podman(work)
+    reason = podman.cannot_run_reason(work / "empty-cdi")
+    if reason:
+        pytest.skip(f"containers cannot run on this machine: {reason}")
+    return podman

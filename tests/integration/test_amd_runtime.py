@@ -4,7 +4,6 @@ the node's major/minor numbers, and /dev/kfd is there once for a two-partition c
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,18 +24,7 @@ MI300X = CARDS["amd-mi300x"].name
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> rt.Podman:
-    missing = rt.missing_tools()
-    if missing:
-        message = f"container runtime not installed: {', '.join(missing)} (.ci/setup installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    work = tmp_path_factory.mktemp("podman")
-    podman = rt.Podman(work)
-    reason = podman.cannot_run_reason(work / "empty-cdi")
-    if reason:
-        pytest.skip(f"containers cannot run on this machine: {reason}")
-    return podman
+    return rt.podman_for_tests(tmp_path_factory.mktemp("podman"))
 
 
 @pytest.fixture(scope="module")

@@ -39,18 +39,7 @@ CONTROL_STANDINS = {
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> rt.Podman:
-    missing = rt.missing_tools()
-    if missing:
-        message = f"container runtime not installed: {', '.join(missing)} (.ci/setup installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI's setup installs them: missing there is a defect
-        pytest.skip(message)
-    work = tmp_path_factory.mktemp("podman")
-    podman = rt.Podman(work)
-    reason = podman.cannot_run_reason(work / "empty-cdi")
-    if reason:
-        pytest.skip(f"containers cannot run on this machine: {reason}")
-    return podman
+    return rt.podman_for_tests(tmp_path_factory.mktemp("podman"))
 
 
 @dataclass
