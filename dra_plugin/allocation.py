@@ -101,10 +101,15 @@ class Holdings:
         )
         held = sum(h.shares for h in others) + mine
         if held + shares > self.sharing.shares:
+            holders = list(dict.fromkeys(h.who for h in others))
+            named = "; ".join(holders[:3]) + (
+                f"; {len(holders) - 3} more" if len(holders) > 3 else ""
+            )
             raise ClaimError(
                 f"{who}: device {device} is over-subscribed: it has {self.sharing.shares} "
-                f"shares, {held} are held by {len({h.uid for h in others}) + (mine > 0)} "
+                f"shares, {held} are held by {len(holders) + (mine > 0)} "
                 f"claim(s), this claim asks for {shares}"
+                + (f" (holders: {named})" if named else "")
             )
 
 

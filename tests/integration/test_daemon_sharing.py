@@ -86,10 +86,18 @@ def test_n_claims_share_one_igpu_in_random_order(cluster: Cluster) -> None:
             assert [(d.device_name, d.share_id) for d in got.devices] == [(IGPU, sid)]
             granted.append(i)
         else:
+            # The first three holders are named, in the order they were prepared.
+            holders = (
+                "; ".join(
+                    f"claim {claims[j][0].namespace}/{claims[j][0].name} (uid {claims[j][0].uid})"
+                    for j in granted[:3]
+                )
+                + f"; {SHARES - 3} more"
+            )
             assert got.error == (
                 f"claim {ref.namespace}/{ref.name} (uid {ref.uid}): device {IGPU} is "
                 f"over-subscribed: it has {SHARES} shares, {SHARES} are held by {SHARES} "
-                "claim(s), this claim asks for 1"
+                f"claim(s), this claim asks for 1 (holders: {holders})"
             )
             assert not got.devices
     assert spec_files(cluster) == {f"k8s.{INTEL}-claim_{claims[i][0].uid}.json" for i in granted}

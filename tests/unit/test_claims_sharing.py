@@ -58,7 +58,7 @@ def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) ->
         )
     assert got[uid(4)].error == (
         f"{who(4)}: device {D0} is over-subscribed: it has 3 shares, 3 are held by 3 "
-        "claim(s), this claim asks for 1"
+        f"claim(s), this claim asks for 1 (holders: {who(1)}; {who(2)}; {who(3)})"
     )
     state = decode((tmp_path / "state" / FILE_NAME).read_bytes(), DRIVER)
     assert {u: [(d.share_id, d.shares) for d in r.devices] for u, r in state.claims.items()} == {
