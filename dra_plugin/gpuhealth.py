@@ -194,8 +194,9 @@ class NvmlHealthMonitor:
                         "nvidia health: event wait failed but every GPU answers error=%r",
                         str(e),
                     )
-                if not e.gpu_lost:
-                    self._stop.wait(self._wait_ms / 1000)  # no busy loop on a broken wait
+                # No busy loop: after XID 79 a real driver answers every wait at once with
+                # GPU_IS_LOST; the lost GPU is still probed every round for its recovery.
+                self._stop.wait(self._wait_ms / 1000)
                 continue
             if event is not None:  # None: the wait timed out
                 self._event(event)

@@ -13,6 +13,7 @@ import os
 import queue
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -402,6 +403,25 @@ def test_gpu_lost_then_recovers(monitor_for: MonitorFactory, events: Path) -> No
     emit(events, "recover 1")
     assert rec.next() == ("gpu-3", Health.HEALTHY, "")
     rec.assert_quiet()
+
+
+def test_a_lost_gpu_does_not_spin_the_monitor(
+    monitor_for: MonitorFactory, events: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After XID 79 a real driver answers every event wait at once with GPU_IS_LOST; the
+    # monitor must still wait between rounds (it once looped on the wait, a core at 100%).
+    calls = tmp_path / "calls.log"
+    monkeypatch.setenv("FAKE_NVML_CALL_LOG", str(calls))
+    _mon, rec = monitor_for("datacenter")
+    emit(events, "lost 1")
+    assert rec.next()[:2] == ("gpu-3", Health.UNHEALTHY)
+    before = calls.read_text().count("wait -1")
+    time.sleep(1.0)
+    waits = calls.read_text().count("wait -1") - before
+    # The wait timeout is 50 ms: about 20 rounds a second, not thousands.
+    assert waits <= 40, waits
+    emit(events, "recover 1")
+    assert rec.next() == ("gpu-3", Health.HEALTHY, "")
 
 
 def test_failing_calls_are_found_by_the_probe(monitor_for: MonitorFactory, events: Path) -> None:

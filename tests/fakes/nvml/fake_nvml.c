@@ -49,15 +49,18 @@
  * the next complete line (each event set keeps its own offset):
  *     xid <gpu index> <code> [<gi> <ci>]   an XID event (gi/ci default: whole GPU)
  *     ecc <gpu index>                      a double-bit ECC event
- *     lost <gpu index>                     the GPU is lost: the wait returns
- *                                          NVML_ERROR_GPU_IS_LOST, device calls fail
+ *     lost <gpu index>                     the GPU is lost: device calls fail, and every
+ *                                          wait on a set holding it returns
+ *                                          NVML_ERROR_GPU_IS_LOST at once (as a real
+ *                                          driver does after XID 79) until "recover"
  *     fail <gpu index>                     device calls start failing (NVML_ERROR_UNKNOWN)
  *     recover <gpu index>                  the GPU answers again
  *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
  *
  * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
  * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled,
- * and "utilization-done <gpu index>" when a delayed call returns.
+ * "utilization-done <gpu index>" when a delayed call returns, and "wait -1" per
+ * nvmlEventSetWait_v2 call.
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -690,6 +693,7 @@ nvmlReturn_t nvmlEventSetWait_v2(fake_event_set *set, nvmlEventData_t *data, uns
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
     const char *path = getenv("FAKE_NVML_EVENTS");
     struct timespec start, now, nap = {0, 5 * 1000 * 1000};
+    log_call("wait", -1);
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
         FILE *f = path && *path ? fopen(path, "r") : NULL;
@@ -707,6 +711,8 @@ nvmlReturn_t nvmlEventSetWait_v2(fake_event_set *set, nvmlEventData_t *data, uns
             fclose(f);
             if (ret != NVML_ERROR_NOT_FOUND) return ret;
         }
+        for (int i = 0; i < g_ngpus; i++) /* pending lines first: "recover" clears it */
+            if (set->mask[i] && g_gpus[i].lost) return NVML_ERROR_GPU_IS_LOST;
         clock_gettime(CLOCK_MONOTONIC, &now);
         long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
         if (elapsed_ms >= (long)timeout_ms) return NVML_ERROR_TIMEOUT;
