@@ -183,6 +183,8 @@ def plan_sync(
 
 
 def strip_taints(objs: Iterable[Obj]) -> None:
+    """Remove device taints in place (v1beta1 keeps them under `basic`)."""
     for obj in objs:
         for dev in obj.get("spec", {}).get("devices") or []:
-            flat_device(dev).pop("taints", None)
+            fields = dev.get("basic") if isinstance(dev.get("basic"), dict) else dev
+            fields.pop("taints", None)

@@ -22,6 +22,7 @@ from dra_plugin.slices import (
     label_value,
     parse_quantity,
     plan_sync,
+    strip_taints,
     validate_slice,
 )
 from tests.fakes import apiserver
@@ -384,3 +385,15 @@ def test_content_key_ignores_stamps_and_quantity_form() -> None:
     b["spec"]["devices"][0]["capacity"]["memory"]["value"] = "80Gi"
     b["spec"]["pool"]["generation"] = 42
     assert content_key(a) == content_key(b)
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta2", "v1beta1"])
+def test_strip_taints_in_every_served_shape(version: str) -> None:
+    # A server without device taints (1.32 serves only v1beta1) drops them; what we then
+    # send must have none either, or every sync rewrites the pool.
+    devs = [gpu(i, health=Health.UNHEALTHY if i == 1 else Health.HEALTHY) for i in range(3)]
+    out = desired_slices(NODE, UID, NV, devs, api_version=version, now=NOW)
+    assert "taints" in str(out)
+    strip_taints(out)
+    assert "taints" not in str(out)
+    assert len(devices_of(out)) == 3
