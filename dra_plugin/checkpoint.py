@@ -320,17 +320,19 @@ class Checkpoint:
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def read(self) -> State | None:
-        """The stored state (None when there is no file); raises CheckpointError."""
+        """The stored state (None when there is no file).
+
+        Raises CheckpointError for a corrupt or foreign file, and OSError when the file
+        cannot be read now (EIO, EMFILE...): a passing failure must not make `load` move a
+        good checkpoint aside and rebuild it with less than it knew.
+        """
         key = self._stat()
         if key is None:
             return None
         if self._cache is not None and self._cache[0] == key:
             cached = self._cache[1]  # every write renames, so an unchanged inode is unchanged
         else:
-            try:
-                cached = decode(self.path.read_bytes(), self.driver)
-            except OSError as exc:
-                raise CheckpointError(f"cannot read: {exc}") from exc
+            cached = decode(self.path.read_bytes(), self.driver)
             self._cache = (key, cached)
         return State(cached.boot_id, dict(cached.claims), dict(cached.extra))
 

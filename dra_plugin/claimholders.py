@@ -73,7 +73,7 @@ class ClaimHolders:
         for driver, checkpoint in self._checkpoints.items():
             try:
                 state = checkpoint.read()
-            except CheckpointError as exc:  # the preparer moves a bad file aside; skip it
+            except (CheckpointError, OSError) as exc:  # the preparer deals with it; skip
                 log.debug("telemetry: checkpoint unreadable driver=%s error=%s", driver, exc)
                 continue
             if state is None:

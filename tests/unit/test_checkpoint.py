@@ -88,6 +88,30 @@ def test_corrupt_or_foreign_is_moved_aside_and_rebuilt(
     assert c.load(dict).moved_aside == tmp_path / "checkpoint.json.corrupt-20231114T221320Z-2"
 
 
+def test_a_passing_read_error_is_not_a_corrupt_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c = cp(tmp_path)
+    c.save(ck.State("b1", {"u1": record("u1")}))
+    good = c.path.read_bytes()
+    real = Path.read_bytes
+
+    def eio(self: Path) -> bytes:
+        if self == c.path:
+            raise OSError(5, "Input/output error")
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", eio)
+    rebuilt: list[int] = []
+    with pytest.raises(OSError, match="Input/output"):
+        cp(tmp_path).load(lambda: rebuilt.append(1) or {})
+    monkeypatch.undo()
+    # Nothing moved aside or rebuilt: the next call finds the checkpoint as it was.
+    assert rebuilt == [] and c.path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == []
+    assert set(cp(tmp_path).load(no_rebuild).state.claims) == {"u1"}
+
+
 def test_other_driver_is_foreign(tmp_path: Path) -> None:
     ck.Checkpoint(tmp_path, "gpu.nvidia.com", boot_id=lambda: "b1").save(ck.State("b1"))
     with pytest.raises(ck.CheckpointError, match=r"driver 'gpu\.nvidia\.com'"):
