@@ -54,6 +54,7 @@ class Holdings:
 
     sharing: Sharing | None
     _by_device: dict[str, list[_Hold]] = field(default_factory=dict)
+    _added: list[str] = field(default_factory=list)  # devices, in the order held
 
     @classmethod
     def of(cls, records: Iterable[ClaimRecord], sharing: Sharing | None) -> Holdings:
@@ -71,6 +72,15 @@ class Holdings:
 
     def add(self, device: str, uid: str, who: str, shares: int, *, prior: bool = False) -> None:
         self._by_device.setdefault(device, []).append(_Hold(uid, who, shares, prior))
+        self._added.append(device)
+
+    def mark(self) -> int:
+        return len(self._added)
+
+    def rollback(self, mark: int) -> None:
+        """Drop the holds added since `mark`: a refused claim holds nothing."""
+        while len(self._added) > mark:
+            self._by_device[self._added.pop()].pop()
 
     def check(self, who: str, uid: str, device: str, share_id: str | None, shares: int) -> None:
         """Raise ClaimError when `uid` may not use `device` as asked."""

@@ -253,6 +253,7 @@ class ClaimPreparer:
             if isinstance(got, str):
                 out[ref.uid] = PrepareResult(error=got)
                 continue
+            mark = holdings.mark()
             try:
                 chosen = select(
                     str(ref),
@@ -265,6 +266,7 @@ class ClaimPreparer:
                 )
                 rendered = self._render(ref.uid, [c.device for c in chosen]) if chosen else None
             except (ClaimError, cdi.CdiError) as exc:
+                holdings.rollback(mark)  # a refused claim blocks none after it in this call
                 msg = str(exc) if isinstance(exc, ClaimError) else f"{ref}: {exc}"
                 out[ref.uid] = PrepareResult(error=msg)
                 continue

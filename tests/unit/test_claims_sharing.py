@@ -175,3 +175,20 @@ def test_rebuilt_records_count_as_one_share(tmp_path: Path) -> None:
     # The kubelet re-prepares a rebuilt claim: it is completed again, with its share ID.
     assert run(q.prepare([ref(claims[0])]))[uid(1)].devices[0].share_id == share_id(1)
     check_consistent(tmp_path)
+
+
+def test_a_refused_claim_holds_no_shares_for_the_rest_of_the_call(tmp_path: Path) -> None:
+    # Claim 1 takes both shares of D0, then fails on a device we do not publish: in the
+    # same kubelet call, claim 2 must still get its share of D0.
+    broken = claim(
+        1,
+        [
+            result(D0, shareID=share_id(1), consumedCapacity={"shares": "2"}),
+            result("0000-00-09-0-0x7d55", request="other", shareID=share_id(9)),
+        ],
+    )
+    p = preparer(tmp_path, FakeApi([broken, shared(2)]), DEVICES, sharing=Sharing(2))
+    got = run(p.prepare([ref(broken), ref(shared(2))]))
+    assert "is not published" in got[uid(1)].error
+    assert got[uid(2)].error == ""
+    check_consistent(tmp_path, max_shares=2)
