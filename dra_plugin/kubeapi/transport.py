@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
@@ -66,6 +67,9 @@ class Timeouts:
     # The server ends a watch after this long; we then resume from the last version.
     watch: int = 300
     read_attempts: int = 5
+    # All attempts of one read together: well inside the kubelet's 45 s per DRA call, so a
+    # server that accepts but never answers gives a per-claim error, not DeadlineExceeded.
+    read_budget: float = 30.0
     backoff_initial: float = 0.2
     backoff_max: float = 5.0
 
@@ -182,14 +186,17 @@ class Transport:
     async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         backoff = Backoff(self.timeouts.backoff_initial, self.timeouts.backoff_max)
         attempts = max(1, self.timeouts.read_attempts)
+        deadline = time.monotonic() + self.timeouts.read_budget
         for attempt in range(1, attempts + 1):
             try:
                 result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
                 return result
             except UnavailableError as exc:
-                if attempt == attempts:
-                    raise
                 delay = backoff.next()
+                # Another attempt only if it could still finish (connect + read) in budget.
+                worst = delay + self.timeouts.connect + self.timeouts.read
+                if attempt == attempts or time.monotonic() + worst > deadline:
+                    raise
                 log.debug(
                     "retrying read what=%r attempt=%d delay=%.2fs error=%s",
                     what,

@@ -210,6 +210,21 @@ def test_reads_retry_through_503(server: FakeAPIServer) -> None:
     server.recover()
 
 
+def test_a_read_stays_inside_its_budget_when_the_server_never_answers(
+    server: FakeAPIServer,
+) -> None:
+    # Many attempts allowed, but each takes a full read timeout: the budget ends the
+    # retries (the kubelet gives a whole prepare 45 s; the default budget is 30 s).
+    slow = Timeouts(connect=0.2, read=0.3, read_attempts=50, read_budget=1.0, backoff_initial=0.01)
+    server.claim_delay = 0.6  # longer than a read timeout: every attempt times out
+    with pytest.raises(UnavailableError):
+        run(KubeAPI.from_url(server.url, timeouts=slow).get_claim("default", "gone"))
+    time.sleep(0.7)  # the server counts a request after its delay: let the last one land
+    server.claim_delay = 0
+    # 1.0 s of budget with 0.5 s (connect + read) per try: two tries, not fifty.
+    assert server.count("get", "resourceclaims") == 2
+
+
 def test_connection_refused_is_unavailable(server: FakeAPIServer) -> None:
     api = api_for(server)
     server.down()
