@@ -27,6 +27,7 @@ from dra_plugin.publisher import SlicePublisher
 from dra_plugin.sampler import Sampler
 
 log = logging.getLogger(__name__)
+RESCAN_RETRY_SECONDS = 5.0
 
 
 class Node:
@@ -101,12 +102,17 @@ class Node:
     def request_rescan(self) -> None:
         self._rescan.set()
 
-    async def rescan_loop(self) -> None:
+    async def rescan_loop(self, retry_seconds: float = RESCAN_RETRY_SECONDS) -> None:
         while True:
             await self._rescan.wait()
             self._rescan.clear()
-            inv = await asyncio.to_thread(inventory.discover, self._cfg)
-            self.set_discovered(inv)
+            try:
+                inv = await asyncio.to_thread(inventory.discover, self._cfg)
+                self.set_discovered(inv)
+            except Exception:  # one bad pass must not end hotplug for good
+                log.exception("rescan failed; trying again in %ss", retry_seconds)
+                await asyncio.sleep(retry_seconds)
+                self._rescan.set()
 
 
 async def run(cfg: Config) -> int:
@@ -217,7 +223,9 @@ async def run(cfg: Config) -> int:
         monitors.append(nvml_monitor)
     for m in monitors:
         try:
-            m.start()
+            # In a thread: nvmlInit and event registration can be slow, and the kubelet
+            # may already be calling GetInfo (1 s) on the sockets opened above.
+            await asyncio.to_thread(m.start)
         except udev.DiscoveryError as exc:
             # Without hotplug the node is still served; changes show after a restart.
             log.error("hotplug monitor disabled error=%s", exc)
