@@ -6,6 +6,7 @@ at the edge; the rest of the program receives a frozen `Config`.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -121,6 +122,8 @@ def _number(name: str, raw: str, kind: type[int] | type[float], low: float) -> i
         value = kind(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # nan would pass every comparison, inf overflows waits
+        raise ConfigError(f"{name}={raw!r} is not a finite number")
     if value < low:
         raise ConfigError(f"{name}={raw!r} must be >= {low}")
     return value

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable
 
@@ -19,8 +20,12 @@ log = logging.getLogger(__name__)
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 
+_UE = re.compile(r"^ue:\s*\d+", re.MULTILINE)
+
+
 def snapshot(pci_addresses: Iterable[str], pci_root: str = PCI_DEVICES) -> dict[str, str]:
-    """path -> content of every RAS error counter of the given PCI functions."""
+    """path -> the uncorrectable-error count line(s) of every RAS counter file of the
+    given PCI functions."""
     out: dict[str, str] = {}
     for address in sorted(set(pci_addresses)):
         if "/" in address or address.startswith("."):
@@ -34,7 +39,9 @@ def snapshot(pci_addresses: Iterable[str], pci_root: str = PCI_DEVICES) -> dict[
             path = os.path.join(ras, name)
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
-                    out[path] = f.read()
+                    # Only uncorrectable counts matter to health; a correctable error
+                    # ticking up must not cost a full rescan.
+                    out[path] = " ".join(_UE.findall(f.read()))
             except OSError:
                 out[path] = ""  # unreadable is a state too: it changes when it recovers
     return out

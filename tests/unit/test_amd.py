@@ -122,6 +122,11 @@ def test_kfd_topology_and_ras_parsing(tmp_path: Path) -> None:
     assert ras_uncorrectable(str(pci)) == {"gfx": 3}
     snap = ras_watch.snapshot(["0000:1b:00.0", "../etc"], str(tmp_path))
     assert sorted(Path(p).name for p in snap) == ["gfx_err_count", "umc_err_count"]
+    # Correctable errors ticking up change nothing the watcher acts on; uncorrectable do.
+    _write(pci / "ras/umc_err_count", "ue: 0\nce: 13\n")
+    assert ras_watch.snapshot(["0000:1b:00.0"], str(tmp_path)) == snap
+    _write(pci / "ras/umc_err_count", "ue: 1\nce: 13\n")
+    assert ras_watch.snapshot(["0000:1b:00.0"], str(tmp_path)) != snap
 
 
 @pytest.mark.parametrize(("text", "expected"), [("1\n", 1), ("-1\n", None), ("x", None)])

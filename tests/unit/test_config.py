@@ -69,6 +69,16 @@ def test_default_socket_names() -> None:
             {"NODE_NAME": "n", "METRICS_PORT": "http"},
             "METRICS_PORT='http' is not a number",
         ),
+        (
+            ["run"],
+            {"NODE_NAME": "n", "TELEMETRY_INTERVAL_SECONDS": "nan"},
+            "TELEMETRY_INTERVAL_SECONDS='nan' is not a finite number",
+        ),
+        (
+            ["run"],
+            {"NODE_NAME": "n", "AMD_RAS_POLL_SECONDS": "inf"},
+            "AMD_RAS_POLL_SECONDS='inf' is not a finite number",
+        ),
         (["run"], {"NODE_NAME": "n", "CDI_ROOT": "var/cdi"}, "must be an absolute path"),
         (["run"], {"NODE_NAME": "n", "POD_UID": "../x"}, "POD_UID"),
         (
