@@ -67,7 +67,7 @@ RBAC_NEEDS = (
     ("get", "nodes", ""),
     *(
         (v, "resourceslices", "resource.k8s.io")
-        for v in ("get", "list", "watch", "create", "update", "delete")
+        for v in ("list", "watch", "create", "update", "delete")
     ),
     ("get", "resourceclaims", "resource.k8s.io"),
     ("patch", "resourceclaims/status", "resource.k8s.io"),  # device status after prepare
@@ -149,7 +149,7 @@ async def _check_api(api: DoctorAPI) -> list[Finding]:
             Finding(
                 Status.PASS,
                 "rbac",
-                "nodes get; resourceslices get/list/watch/create/update/delete; resourceclaims get",
+                "nodes get; resourceslices list/watch/create/update/delete; resourceclaims get",
             )
         )
     return out

@@ -159,7 +159,7 @@ def test_rbac_is_exactly_what_the_plugin_needs(rendered: list[Manifest]) -> None
             (
                 ("resource.k8s.io",),
                 ("resourceslices",),
-                tuple(sorted(["get", "list", "watch", "create", "update", "patch", "delete"])),
+                tuple(sorted(["list", "watch", "create", "update", "delete"])),
             ),
         ]
     )

@@ -217,12 +217,22 @@ def test_template_refuses_impossible_combinations() -> None:
     cases = {
         "intel.enabled=false,nvidia.enabled=false": "enable at least one vendor",
         "nvidia.driverName=gpu.intel.com": "must differ",
+        "amd.enabled=true,amd.driverName=gpu.nvidia.com": (
+            'nvidia.driverName and amd.driverName must differ (both "gpu.nvidia.com")'
+        ),
         "shutdownGraceSeconds=30": "below terminationGracePeriodSeconds",
         "hostRoot.mount=false": "hostRoot.mount must not be false",
     }
     for sets, message in cases.items():
         proc = run_helm(*template_args(None, "--set", sets), check=False)
         assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr)
+
+
+def test_amd_alone_is_a_valid_install() -> None:
+    sets = "intel.enabled=false,nvidia.enabled=false,amd.enabled=true"
+    proc = run_helm(*template_args(None, "--set", sets), check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "name: VENDORS\n              value: \"amd\"" in proc.stdout
 
 
 def test_kube_version_constraint() -> None:

@@ -95,11 +95,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Refuse value combinations the plugin would reject at start. */}}
 {{- define "dra-plugin.validate" -}}
-{{- if not (or .Values.intel.enabled .Values.nvidia.enabled) }}
-{{- fail "enable at least one vendor: intel.enabled or nvidia.enabled" }}
+{{- if not (or .Values.intel.enabled .Values.nvidia.enabled .Values.amd.enabled) }}
+{{- fail "enable at least one vendor: intel.enabled, nvidia.enabled or amd.enabled" }}
 {{- end }}
-{{- if and .Values.intel.enabled .Values.nvidia.enabled (eq .Values.intel.driverName .Values.nvidia.driverName) }}
-{{- fail "intel.driverName and nvidia.driverName must differ" }}
+{{- $seen := dict }}
+{{- range $vendor := list "intel" "nvidia" "amd" }}
+{{- $v := index $.Values $vendor }}
+{{- if $v.enabled }}
+{{- if hasKey $seen $v.driverName }}
+{{- fail (printf "%s.driverName and %s.driverName must differ (both %q)" (get $seen $v.driverName) $vendor $v.driverName) }}
+{{- end }}
+{{- $_ := set $seen $v.driverName $vendor }}
+{{- end }}
 {{- end }}
 {{- if and .Values.nvidia.enabled (eq (clean .Values.nvidia.driverRoot) "/") (ne (include "dra-plugin.hostRoot" .) "true") }}
 {{- fail "nvidia.driverRoot \"/\" is read through the host root: hostRoot.mount must not be false" }}
