@@ -232,7 +232,7 @@ def test_amd_alone_is_a_valid_install() -> None:
     sets = "intel.enabled=false,nvidia.enabled=false,amd.enabled=true"
     proc = run_helm(*template_args(None, "--set", sets), check=False)
     assert proc.returncode == 0, proc.stderr
-    assert "name: VENDORS\n              value: \"amd\"" in proc.stdout
+    assert 'name: VENDORS\n              value: "amd"' in proc.stdout
 
 
 def test_kube_version_constraint() -> None:
