@@ -12,9 +12,6 @@ import re
 from dra_plugin import intel_ids
 from dra_plugin.devices import (
     INTEL,
-    NUMA_NODE,
-    PCI_BUS_ID,
-    PCIE_ROOT,
     AttrValue,
     Device,
     make_device,
@@ -87,14 +84,8 @@ def intel_device(gpu: PciGpu, minors: Minors, driver_name: str) -> Device:
         "type": dev_type,
         "sriov": sriov,
         "pciId": gpu.device_id,
-        PCI_BUS_ID: gpu.pci_address,
-        PCIE_ROOT: gpu.pcie_root,
-        "pcieLinkGen": gpu.link.gen,
-        "pcieLinkWidth": gpu.link.width,
-        "pcieLinkMaxGen": gpu.link.max_gen,
-        "pcieLinkMaxWidth": gpu.link.max_width,
+        **gpu.placement_attributes(),
         "numaNode": gpu.numa_node,
-        NUMA_NODE: gpu.numa_node,
     }
     minor_list = sorted(minors.items())  # "card" before "render"
     extra.update({kind: m.node.path for kind, m in minor_list})

@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 
 import pyudev
 
-from dra_plugin.devices import PCIE_GEN_BY_RATE, DeviceNode, pcie_root
+from dra_plugin.devices import (
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_GEN_BY_RATE,
+    PCIE_ROOT,
+    DeviceNode,
+    pcie_root,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,19 @@ class PciGpu:
     @property
     def vendor_name(self) -> str:
         return VENDOR_NAMES.get(self.vendor_id, self.vendor_id)
+
+    def placement_attributes(self) -> dict[str, int | str | None]:
+        """Where the function sits, the same for every vendor: the standard PCI bus ID,
+        PCIe root and NUMA node, and the PCIe link (current and max) as ints."""
+        return {
+            PCI_BUS_ID: self.pci_address,
+            PCIE_ROOT: self.pcie_root,
+            NUMA_NODE: self.numa_node,
+            "pcieLinkGen": self.link.gen,
+            "pcieLinkWidth": self.link.width,
+            "pcieLinkMaxGen": self.link.max_gen,
+            "pcieLinkMaxWidth": self.link.max_width,
+        }
 
 
 @dataclass(frozen=True)
