@@ -8,20 +8,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.kubelet import Claim, Kubelet, get_info
+from tests.fakes.kubelet import Claim, Kubelet, Plugin, get_info
 from tests.fakes.nvml_lib import build_fake_nvml
 from tests.fakes.simnode import SimNode
 
@@ -192,6 +196,32 @@ class Cluster:
         result = {"request": "gpu", "driver": driver, "pool": self.node, "device": device}
         obj = self.api.add_claim(allocated_claim(name, [{**result, **extra}]))
         return Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], name)
+
+    def kill_while_preparing(
+        self,
+        daemon: Daemon,
+        kubelet: Kubelet,
+        plugin: Plugin,
+        refs: Sequence[Claim],
+        *,
+        api_delay: float,
+        kill_after: float,
+    ) -> None:
+        """kill -9 `daemon` while a prepare of `refs` waits on a slow claim GET."""
+
+        def prepare() -> None:
+            # The call dies with the killed daemon: that is the point.
+            with contextlib.suppress(grpc.RpcError):
+                plugin.prepare(list(refs))
+
+        self.api.claim_delay = api_delay
+        t = threading.Thread(target=prepare)
+        t.start()
+        time.sleep(kill_after)
+        daemon.kill()
+        t.join(10)
+        kubelet.close()
+        self.api.claim_delay = 0
 
     def kubelet(self, version: tuple[int, int] = (1, 35)) -> Kubelet:
         return Kubelet(self.registry, self.plugins, version)

@@ -3,24 +3,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import kubernetes_validate
 import pytest
 import yaml
 
 from tests.fakes.apiserver import validate_slice
 from tests.fakes.cluster import INTEL, NVIDIA, ROOT, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
+from tests.fakes.kubelet import Claim
 from tests.fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -111,14 +107,10 @@ def test_kill_9_during_prepare_then_restart_is_consistent(cluster: Cluster) -> N
         if round_ == 0:
             assert plugin.prepare(refs[:1]).claims[refs[0].uid].error == ""
         # A prepare in flight (slow API) when the process is killed outright.
-        cluster.api.claim_delay = 0.3 * (round_ + 1)
-        t = threading.Thread(target=_prepare_ignoring_death, args=(plugin, refs[1:]))
-        t.start()
-        time.sleep(0.1 + 0.25 * round_)
-        daemon.kill()
-        t.join(10)
-        kubelet.close()
-        cluster.api.claim_delay = 0
+        cluster.kill_while_preparing(
+            daemon, kubelet, plugin, refs[1:],
+            api_delay=0.3 * (round_ + 1), kill_after=0.1 + 0.25 * round_,
+        )  # fmt: skip
     # Restart and repeat what the kubelet would repeat: everything converges.
     daemon = cluster.start_daemon(env={"VENDORS": "intel"})
     daemon.wait_ready([INTEL])
@@ -133,12 +125,6 @@ def test_kill_9_during_prepare_then_restart_is_consistent(cluster: Cluster) -> N
     assert _spec_files(cluster) == set()
     kubelet.close()
     assert daemon.terminate() == 0
-
-
-def _prepare_ignoring_death(plugin: Plugin, refs: list[Claim]) -> None:
-    # The call dies with the killed daemon: that is the point of the test.
-    with contextlib.suppress(grpc.RpcError):
-        plugin.prepare(refs)
 
 
 def _strip(obj: dict[str, Any]) -> dict[str, Any]:

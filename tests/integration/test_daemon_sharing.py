@@ -4,16 +4,13 @@ and the fallback when the API server does not keep the sharing fields."""
 
 from __future__ import annotations
 
-import contextlib
 import random
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import kubernetes_validate
 import pytest
 
@@ -122,14 +119,10 @@ def test_kill_9_while_shares_are_prepared_then_restart(cluster: Cluster) -> None
         daemon, kubelet, plugin = start(cluster, shared_env())
         if round_ == 0:
             assert plugin.prepare(refs[:2]).claims[refs[0].uid].error == ""
-        cluster.api.claim_delay = 0.3 * (round_ + 1)
-        t = threading.Thread(target=_prepare_ignoring_death, args=(plugin, refs[2:]))
-        t.start()
-        time.sleep(0.1 + 0.3 * round_)
-        daemon.kill()
-        t.join(10)
-        kubelet.close()
-        cluster.api.claim_delay = 0
+        cluster.kill_while_preparing(
+            daemon, kubelet, plugin, refs[2:],
+            api_delay=0.3 * (round_ + 1), kill_after=0.1 + 0.3 * round_,
+        )  # fmt: skip
     daemon, kubelet, plugin = start(cluster, shared_env())
     resp = plugin.prepare(refs)
     for ref, sid in claims:
@@ -142,11 +135,6 @@ def test_kill_9_while_shares_are_prepared_then_restart(cluster: Cluster) -> None
     assert spec_files(cluster) == set()
     kubelet.close()
     assert daemon.terminate() == 0
-
-
-def _prepare_ignoring_death(plugin: Plugin, refs: list[Claim]) -> None:
-    with contextlib.suppress(grpc.RpcError):
-        plugin.prepare(refs)
 
 
 def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
