@@ -195,6 +195,15 @@ def gauge(name: str, fmt: str, where: Callable[[dict[str, str]], bool] = lambda 
     return lines
 
 
+def _pod_holders(scr: Scrape) -> dict[str, dict[str, str]]:
+    """device -> labels of its claim_info row with a pod (the PromQL join's right side)."""
+    return {
+        s.labels["device"]: s.labels
+        for s in scr
+        if s.name == "dra_plugin_gpu_claim_info" and s.labels.get("pod")
+    }
+
+
 def busy_from_rc6(fmt: str, pods: bool = False) -> Any:
     """1 - rate(rc6_residency_seconds_total{gt="0"}), optionally joined to claim_info pods."""
 
@@ -202,11 +211,7 @@ def busy_from_rc6(fmt: str, pods: bool = False) -> Any:
         series: dict[str, tuple[list[float], list[float | None]]] = {}
         last: dict[str, tuple[float, float]] = {}
         for t, scr in history:
-            holders = {
-                s.labels["device"]: s.labels
-                for s in scr
-                if s.name == "dra_plugin_gpu_claim_info" and s.labels.get("pod")
-            }
+            holders = _pod_holders(scr)
             for s in scr:
                 if s.name != "dra_plugin_gpu_rc6_residency_seconds_total" or s.labels["gt"] != "0":
                     continue
@@ -233,11 +238,7 @@ def util_by_pod(fmt: str) -> Any:
     def lines(history: list[tuple[float, Scrape]]) -> list[Line]:
         series: dict[str, tuple[list[float], list[float | None]]] = {}
         for t, scr in history:
-            holders = {
-                s.labels["device"]: s.labels
-                for s in scr
-                if s.name == "dra_plugin_gpu_claim_info" and s.labels.get("pod")
-            }
+            holders = _pod_holders(scr)
             for s in scr:
                 if s.name == "dra_plugin_gpu_utilization_ratio" and s.labels["device"] in holders:
                     labels = {**s.labels, **holders[s.labels["device"]]}
