@@ -31,7 +31,7 @@ from typing import Any
 
 from dra_plugin.devices import Device, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Timeouts
-from dra_plugin.publisher import SlicePublisher
+from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes.apiserver import FakeAPIServer
 
 DRIVERS = ("gpu.intel.com", "gpu.nvidia.com")

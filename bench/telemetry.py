@@ -31,9 +31,10 @@ from typing import Any
 import pynvml
 
 from bench.stats import ratio, summarize
-from dra_plugin import metrics, nvml
 from dra_plugin.devices import INTEL, Device, make_device
-from dra_plugin.sampler import Sampler
+from dra_plugin.telemetry import metrics
+from dra_plugin.telemetry.sampler import Sampler
+from dra_plugin.vendors.nvidia import nvml
 from tests.fakes.gpusysfs import write_telemetry
 from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml
 

@@ -71,7 +71,8 @@ def _table(inv: Inventory, out: TextIO) -> None:
 
 
 def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    from dra_plugin import inventory, slices
+    from dra_plugin import inventory
+    from dra_plugin.slices import build as slices
 
     inv = inventory.discover(cfg)
     for note in inv.notes:
@@ -106,7 +107,7 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 
 
 def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
-    from dra_plugin import doctor
+    from dra_plugin.doctor import report as doctor
     from dra_plugin.kubeapi import ApiError, KubeAPI
 
     api: KubeAPI | None

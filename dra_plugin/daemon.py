@@ -14,17 +14,22 @@ import logging
 import signal
 from pathlib import Path
 
-from dra_plugin import gpuhealth, hotplug, inventory, metrics, ras_watch, server, udev
-from dra_plugin.cdi import CdiOptions
-from dra_plugin.claimholders import ClaimHolders
-from dra_plugin.claims import ClaimPreparer
-from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
+from dra_plugin import inventory
+from dra_plugin.cdi.claims import CdiOptions
 from dra_plugin.config import Config
 from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, Health
-from dra_plugin.health import HealthTracker
+from dra_plugin.host import hotplug, udev
 from dra_plugin.kubeapi import ApiError, KubeAPI
-from dra_plugin.publisher import SlicePublisher
-from dra_plugin.sampler import Sampler
+from dra_plugin.kubelet import server
+from dra_plugin.kubelet.claims import ClaimPreparer
+from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
+from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.slices.publisher import SlicePublisher
+from dra_plugin.telemetry import metrics
+from dra_plugin.telemetry.claimholders import ClaimHolders
+from dra_plugin.telemetry.sampler import Sampler
+from dra_plugin.vendors.amd import ras as ras_watch
+from dra_plugin.vendors.nvidia import health as gpuhealth
 
 log = logging.getLogger(__name__)
 RESCAN_RETRY_SECONDS = 5.0

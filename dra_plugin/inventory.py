@@ -10,9 +10,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_plugin import drm_discovery, nvidia, nvml, udev
 from dra_plugin.config import Config
 from dra_plugin.devices import AMD, INTEL, NVIDIA, Device
+from dra_plugin.host import drm as drm_discovery
+from dra_plugin.host import udev
+from dra_plugin.vendors.nvidia import model as nvidia
+from dra_plugin.vendors.nvidia import nvml
 
 log = logging.getLogger(__name__)
 

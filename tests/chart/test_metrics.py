@@ -11,7 +11,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from dra_plugin import telemetry
+from dra_plugin.telemetry import catalogue as telemetry
 
 from .rendering import NAMESPACE, Manifest, all_of, only, render, run_helm, template_args
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin import cdi, cdispec
-from dra_plugin.checkpoint import COMPLETED, FILE_NAME, State, decode
-from dra_plugin.claims import ClaimPreparer, ClaimRef
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.cdi import rules as cdispec
 from dra_plugin.devices import INTEL, NVIDIA, Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
+from dra_plugin.kubelet.checkpoint import COMPLETED, FILE_NAME, State, decode
+from dra_plugin.kubelet.claims import ClaimPreparer, ClaimRef
 from dra_plugin.sharing import Sharing
 
 DRIVER = "gpu.intel.com"

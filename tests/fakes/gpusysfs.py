@@ -2,7 +2,7 @@
 
 Written as plain files into a umockdev testbed (SimNode calls `write_telemetry` when a
 card is added) or into any directory laid out like /sys (bench). The layouts follow the
-kernel's (see dra_plugin/intelsysfs.py); what a card does not expose is simply missing:
+kernel's (see dra_plugin/vendors/intel/telemetry.py); what a card does not expose is simply missing:
 - igpu (i915, Meteor Lake): per-GT frequency and RC6 files for gt0 (render) and gt1
   (media); no hwmon, no local memory (an iGPU has neither);
 - dgpu (xe, Arc B580): tile0/gt0 frequency and GT C6 residency; hwmon with energy (card

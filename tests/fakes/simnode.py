@@ -764,8 +764,9 @@ def discovery_json(result: Any) -> dict[str, Any]:
 def main(argv: Iterable[str]) -> int:
     """Child entry point; runs under the preload and prints JSON on stdout."""
 
-    from dra_plugin import drm_discovery, hotplug
     from dra_plugin.devices import validate_device
+    from dra_plugin.host import drm as drm_discovery
+    from dra_plugin.host import hotplug
 
     args = list(argv)
     if args[:1] == ["discover"]:

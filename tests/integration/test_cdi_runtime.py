@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin import cdispec
+from dra_plugin.cdi import rules as cdispec
 from tests.fakes import podman as rt
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster
 from tests.fakes.simnode import CARDS, unavailable_reason

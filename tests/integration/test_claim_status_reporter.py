@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dra_plugin import metrics
-from dra_plugin.claims import ClaimPreparer
-from dra_plugin.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubeapi import KubeAPI, Timeouts
+from dra_plugin.kubelet.claims import ClaimPreparer
+from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
+from dra_plugin.telemetry import metrics
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
 

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from dra_plugin.devices import NUMA_NODE, PCI_BUS_ID, Health, Version, validate_device
-from dra_plugin.gpuhealth import NvmlHealthMonitor
-from dra_plugin.nvml import NvmlDiscovery, discover_nvidia
-from dra_plugin.slices import parse_quantity
+from dra_plugin.slices.build import parse_quantity
+from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
+from dra_plugin.vendors.nvidia.nvml import NvmlDiscovery, discover_nvidia
 
 pytestmark = pytest.mark.gpu
 
@@ -116,8 +116,8 @@ def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
 
 def test_telemetry_on_real_gpus(real: NvmlDiscovery) -> None:
     """Every full GPU answers the sampler; what it reports is in range and in base units."""
-    from dra_plugin.metrics import exposition
-    from dra_plugin.sampler import Sampler
+    from dra_plugin.telemetry.metrics import exposition
+    from dra_plugin.telemetry.sampler import Sampler
 
     gpus = [d for d in real.devices if d.attrs["type"] == "gpu"]
     if not gpus:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin import nvidia, nvml
 from dra_plugin.devices import (
     NVIDIA,
     PCI_BUS_ID,
@@ -30,8 +29,10 @@ from dra_plugin.devices import (
     Version,
     validate_device,
 )
-from dra_plugin.gpuhealth import NvmlHealthMonitor
-from dra_plugin.nvml import discover_nvidia
+from dra_plugin.vendors.nvidia import model as nvidia
+from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
+from dra_plugin.vendors.nvidia.nvml import discover_nvidia
 from tests.fakes.nvml_lib import EVENTS_ENV, PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 DRIVER = "gpu.nvidia.com"
@@ -269,7 +270,7 @@ def test_default_loader_path_for_root_slash(fake: FakeNvml) -> None:
         pytest.skip("a real libnvidia-ml.so.1 is installed under /: it would be found first")
     env = {**os.environ, **fake.env("consumer")}
     code = (
-        "from pathlib import Path; from dra_plugin.nvml import discover_nvidia; "
+        "from pathlib import Path; from dra_plugin.vendors.nvidia.nvml import discover_nvidia; "
         "r = discover_nvidia(Path('/'), 'gpu.nvidia.com'); "
         "print(r.error or ','.join(d.name for d in r.devices))"
     )

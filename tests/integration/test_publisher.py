@@ -12,8 +12,8 @@ import pytest
 
 from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
-from dra_plugin.publisher import SlicePublisher
 from dra_plugin.sharing import Sharing
+from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes import apiserver
 from tests.fakes.apiserver import FakeAPIServer
 
@@ -427,7 +427,7 @@ def test_gate_off_server_falls_back_to_exclusive_once(caplog: pytest.LogCaptureF
             await asyncio.sleep(0.3)
             await pub.stop()
 
-        with caplog.at_level("ERROR", logger="dra_plugin.publisher"):
+        with caplog.at_level("ERROR", logger="dra_plugin.slices.publisher"):
             scenario(srv, body)
         devs = shared_devices(srv)
         # Never left half-shared: no sharing fields, no shares capacity, memory as before.

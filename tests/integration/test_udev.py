@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.udev import pcie_link_generation
+from dra_plugin.host.udev import pcie_link_generation
 from tests.fakes.simnode import (
     CARDS,
     GiB,

@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin import amd_ids, cdi, cdispec, nvidia, ras_watch
-from dra_plugin.amd_gpus import kfd_topology, ras_uncorrectable
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import AMD, NUMA_NODE, DeviceNode, make_device
+from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd import ras as ras_watch
+from dra_plugin.vendors.amd.devices import kfd_topology, ras_uncorrectable
+from dra_plugin.vendors.nvidia import model as nvidia
 
 UID = "6a0b4c2e-1f3d-4e5a-9b8c-7d6e5f4a3b2c"
 KFD = DeviceNode("/dev/kfd", 235, 0)

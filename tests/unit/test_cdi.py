@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from dra_plugin import cdi, cdispec
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import DeviceNode, make_device
 from tests.fakes.claim_harness import intel_device, nvidia_device, uid

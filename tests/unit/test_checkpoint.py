@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin import checkpoint as ck
+from dra_plugin.kubelet import checkpoint as ck
 
 DRIVER = "gpu.intel.com"
 
@@ -162,7 +162,7 @@ def test_lock_excludes_another_process(tmp_path: Path) -> None:
             textwrap.dedent(f"""
             import sys
             from pathlib import Path
-            from dra_plugin.checkpoint import FileLock
+            from dra_plugin.kubelet.checkpoint import FileLock
             lock = FileLock(Path({str(lock_path)!r}))
             lock.acquire()
             print("held", flush=True)

@@ -15,10 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dra_plugin import cdi, cdispec
-from dra_plugin.checkpoint import FILE_NAME, STARTED, UNPREPARING, Checkpoint, ClaimRecord
-from dra_plugin.claims import ClaimHandler, ClaimRef, PreparedDevice
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.cdi import rules as cdispec
 from dra_plugin.kubeapi import UnavailableError
+from dra_plugin.kubelet.checkpoint import FILE_NAME, STARTED, UNPREPARING, Checkpoint, ClaimRecord
+from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PreparedDevice
 from tests.fakes.claim_harness import (
     DRIVER,
     NODE,

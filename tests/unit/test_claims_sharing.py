@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.checkpoint import FILE_NAME, decode
-from dra_plugin.claims import PreparedDevice
+from dra_plugin.kubelet.checkpoint import FILE_NAME, decode
+from dra_plugin.kubelet.claims import PreparedDevice
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     DRIVER,

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dra_plugin import containerd, doctor, nodecheck
 from dra_plugin.config import Config
 from dra_plugin.devices import INTEL, NVIDIA
-from dra_plugin.findings import Finding, Report, Status
+from dra_plugin.doctor import containerd, nodecheck
+from dra_plugin.doctor import report as doctor
+from dra_plugin.doctor.findings import Finding, Report, Status
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_plugin import metrics
 from dra_plugin.devices import Health, make_device
-from dra_plugin.health import HealthTracker
+from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.telemetry import metrics
 
 
 def _healthy_series(driver: str) -> dict[str, float]:

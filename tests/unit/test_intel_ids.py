@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from dra_plugin import intel_ids
 from dra_plugin.devices import MAX_STRING_ATTRIBUTE
+from dra_plugin.vendors.intel import ids as intel_ids
 
 
 @pytest.mark.parametrize(

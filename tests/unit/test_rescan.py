@@ -10,7 +10,7 @@ import pytest
 from dra_plugin import daemon, inventory
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, make_device
-from dra_plugin.health import HealthTracker
+from dra_plugin.kubelet.health import HealthTracker
 
 DRIVER = "gpu.intel.com"
 

@@ -10,7 +10,12 @@ import pytest
 
 from dra_plugin.devices import Version, make_device
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id, shared_capacity
-from dra_plugin.slices import SliceValidationError, content_key, desired_slices, validate_slice
+from dra_plugin.slices.build import (
+    SliceValidationError,
+    content_key,
+    desired_slices,
+    validate_slice,
+)
 from tests.fakes import apiserver
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dra_plugin.devices import Device, Health, InvalidDeviceError, Version, make_device
-from dra_plugin.slices import (
+from dra_plugin.slices.build import (
     MANAGED_BY_LABEL,
     SliceValidationError,
     canonical_quantity,

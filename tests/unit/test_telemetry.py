@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_plugin import config, metrics
-from dra_plugin import telemetry as t
+from dra_plugin import config
 from dra_plugin.devices import INTEL, Device, make_device
-from dra_plugin.intelsysfs import DeviceGone, IntelSysfsReader
+from dra_plugin.telemetry import catalogue as t
+from dra_plugin.telemetry import metrics
+from dra_plugin.vendors.intel.telemetry import DeviceGone, IntelSysfsReader
 from tests.fakes.gpusysfs import write_telemetry
 
 PCI = "0000:03:00.0"
@@ -158,7 +159,7 @@ def test_readme_metrics_table_lists_every_series() -> None:
 
 
 def test_sampler_keeps_going_after_a_failing_pass() -> None:
-    from dra_plugin.sampler import Sampler
+    from dra_plugin.telemetry.sampler import Sampler
 
     calls = []
 

@@ -2,7 +2,7 @@
  * fake_nvml.c: a small stand-in for libnvidia-ml.so.1, loaded by the real pynvml
  * ctypes bindings in the tests.
  *
- * It exports only the NVML symbols dra_plugin/nvml.py reaches through pynvml, with
+ * It exports only the NVML symbols dra_plugin/vendors/nvidia/nvml.py reaches through pynvml, with
  * the struct layouts pynvml declares (nvmlPciInfo_t, nvmlMemory_t, nvmlEventData_t,
  * nvmlGpuInstanceInfo_t).
  *

@@ -1,0 +1,227 @@
+"""`dra-plugin doctor`: explain, on one node, why GPUs do not reach pods.
+
+The checks read the host through `cfg.host_root` (hostview.py): the node's GPUs, links,
+modules, device nodes and NVML (nodecheck.py), the CDI dir and containerd's CDI config
+(containerd.py); here the kubelet dirs, the API and RBAC, and the report.
+
+Every finding is one line, `STATUS check: what was found — what to do`, optionally followed
+by an indented snippet to paste (a Talos machine-config patch, a containerd drop-in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from collections.abc import Coroutine
+from dataclasses import asdict
+from typing import Any, Protocol, TypeVar
+
+from dra_plugin.config import Config
+from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
+from dra_plugin.doctor.findings import Finding, Report, Status
+from dra_plugin.doctor.nodecheck import (
+    check_device_nodes,
+    check_links,
+    check_modules,
+    check_nvml,
+    check_pci,
+)
+from dra_plugin.host.hostview import Host
+from dra_plugin.vendors.amd.doctor import check_amd
+
+_T = TypeVar("_T")
+
+
+class DoctorAPI(Protocol):
+    """What doctor needs from the API client (dra_plugin.kubeapi.KubeAPI fits)."""
+
+    async def served_resource_versions(self) -> list[str]: ...
+
+    async def can_i(self, verb: str, resource: str, group: str) -> bool: ...
+
+
+def _check_kubelet_dirs(cfg: Config, host: Host) -> list[Finding]:
+    out = []
+    for label, d, env in (
+        ("registrar", cfg.registrar_dir, "KUBELET_REGISTRAR_DIRECTORY_PATH"),
+        ("plugins", cfg.plugins_dir, "KUBELET_PLUGINS_DIRECTORY_PATH"),
+    ):
+        if host.path(d).is_dir():
+            out.append(Finding(Status.PASS, "kubelet-dirs", f"{label} dir {d} present"))
+        else:
+            out.append(
+                Finding(
+                    Status.FAIL,
+                    "kubelet-dirs",
+                    f"{label} dir {d} is missing",
+                    f"mount it from the host; if the kubelet uses another --root-dir, "
+                    f"set {env} to match",
+                )
+            )
+    return out
+
+
+# Everything the running plugin does with the API (the chart's ClusterRole grants these).
+RBAC_NEEDS = (
+    ("get", "nodes", ""),
+    *(
+        (v, "resourceslices", "resource.k8s.io")
+        for v in ("list", "watch", "create", "update", "delete")
+    ),
+    ("get", "resourceclaims", "resource.k8s.io"),
+    ("patch", "resourceclaims/status", "resource.k8s.io"),  # device status after prepare
+)
+
+
+async def _check_api(api: DoctorAPI) -> list[Finding]:
+    from dra_plugin.kubeapi import ForbiddenError, NotFoundError  # lazy: imports kubernetes
+
+    try:
+        versions = await api.served_resource_versions()
+    except NotFoundError:
+        versions = []  # the group itself is not served: answered below
+    except ForbiddenError as e:
+        return [
+            Finding(
+                Status.FAIL,
+                "api",
+                f"API server refused our credentials: {e}",
+                "check the kubeconfig user / the pod's service account token",
+            )
+        ]
+    except Exception as e:  # noqa: BLE001 - any other failure means "unreachable", reported
+        return [
+            Finding(
+                Status.FAIL,
+                "api",
+                f"API server not reachable: {e}",
+                "check the kubeconfig / service account and network path to the API server",
+            )
+        ]
+    if "v1" in versions:
+        out = [Finding(Status.PASS, "api", "resource.k8s.io/v1 served")]
+    elif versions:
+        out = [
+            Finding(
+                Status.WARN,
+                "api",
+                f"resource.k8s.io served only as {', '.join(versions)}, not v1",
+                "the plugin falls back to the older version; upgrade to Kubernetes 1.34+ for v1",
+            )
+        ]
+    else:
+        return [
+            Finding(
+                Status.FAIL,
+                "api",
+                "resource.k8s.io is not served",
+                "DRA needs Kubernetes 1.32+ (v1 from 1.34) with the resource.k8s.io API enabled",
+            )
+        ]
+    denied = []
+    for verb, resource, group in RBAC_NEEDS:
+        try:
+            allowed = await api.can_i(verb, resource, group)
+        except Exception as e:  # noqa: BLE001 - reported as a finding
+            out.append(
+                Finding(
+                    Status.FAIL,
+                    "rbac",
+                    f"access review failed: {e}",
+                    "the identity needs create on selfsubjectaccessreviews",
+                )
+            )
+            return out
+        if not allowed:
+            denied.append(f"{verb} {resource}")
+    if denied:
+        out.append(
+            Finding(
+                Status.FAIL,
+                "rbac",
+                f"not allowed: {', '.join(denied)}",
+                "bind the chart's ClusterRole to the plugin's ServiceAccount (ClusterRoleBinding)",
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                Status.PASS,
+                "rbac",
+                "nodes get; resourceslices list/watch/create/update/delete; resourceclaims get",
+            )
+        )
+    return out
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """asyncio.run, also when the caller already runs an event loop (then in a thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+# --- entry points -----------------------------------------------------------------------
+
+
+def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
+    """Run every check against the host under cfg.host_root (and the API, when given)."""
+    host = Host(cfg.host_root)
+    talos = host.is_talos()
+    loaded = host.modules()
+    gpus = host.gpus()
+    bus = gpus or []
+    findings = [
+        *check_pci(cfg, host, gpus, loaded),
+        *check_links(bus),
+        *check_modules(host, bus, loaded, talos),
+        *check_amd(cfg, host, bus, loaded, talos),
+        *check_device_nodes(host, bus),
+        *check_nvml(cfg, host, bus, loaded),
+        check_cdi_dir(cfg, host),
+        *check_containerd(cfg, host, talos),
+        *_check_kubelet_dirs(cfg, host),
+    ]
+    if api is None:
+        findings.append(
+            Finding(
+                Status.WARN,
+                "api",
+                "API not checked: no kubeconfig/in-cluster config",
+                "run doctor in the plugin's pod or pass --kubeconfig",
+            )
+        )
+    else:
+        findings += _run_sync(_check_api(api))
+    return Report(node=cfg.node_name, findings=tuple(findings))
+
+
+def render_table(report: Report) -> str:
+    lines = []
+    for f in report.findings:
+        line = f"{f.status.name} {f.check}: {f.found}"
+        lines.append(f"{line} — {f.action}" if f.action else line)
+        lines += [f"    {d}" for d in f.detail.rstrip("\n").splitlines()]
+    counts = {s: sum(f.status is s for f in report.findings) for s in Status}
+    lines.append(
+        f"node {report.node or '?'}: {counts[Status.PASS]} pass, "
+        f"{counts[Status.WARN]} warn, {counts[Status.FAIL]} fail"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: Report) -> str:
+    checks = [{**asdict(f), "status": f.status.name} for f in report.findings]
+    return (
+        json.dumps({"node": report.node, "status": report.worst.name, "checks": checks}, indent=2)
+        + "\n"
+    )
+
+
+def exit_code(report: Report) -> int:
+    """0: all PASS; 1: some WARN; 2: some FAIL."""
+    return int(report.worst)

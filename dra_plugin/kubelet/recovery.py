@@ -1,0 +1,83 @@
+"""Crash and reboot recovery of prepared claims: settle half-done work, rebuild, GC.
+
+Whoever holds the checkpoint lock next finishes what a dead process left: a `started`
+prepare is undone (its spec file removed), an `unpreparing` one is finished. A checkpoint
+that had to be moved aside is rebuilt from our CDI spec files. At start-up, spec files no
+record owns are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.kubelet.checkpoint import (
+    COMPLETED,
+    STARTED,
+    UNPREPARING,
+    ClaimRecord,
+    DeviceRecord,
+    State,
+)
+
+log = logging.getLogger(__name__)
+
+
+def who(rec: ClaimRecord) -> str:
+    return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
+
+
+def settle(state: State, cdi_root: Path) -> bool:
+    """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone."""
+    changed = False
+    for uid, rec in list(state.claims.items()):
+        if rec.state not in (STARTED, UNPREPARING):
+            continue
+        try:
+            if rec.spec_file:
+                cdi.remove_spec(cdi_root, rec.spec_file)
+        except OSError as exc:
+            log.error("cannot remove CDI spec uid=%s file=%s error=%s", uid, rec.spec_file, exc)
+            continue
+        log.warning(
+            "%s: %s was interrupted (crash); %s",
+            who(rec),
+            *(("prepare", "undone") if rec.state == STARTED else ("unprepare", "finished")),
+        )
+        del state.claims[uid]
+        changed = True
+    return changed
+
+
+def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
+    """Records from our spec files, for a checkpoint that had to be moved aside.
+
+    Request names and share IDs are not in the spec files: the records are marked
+    `recovered`, so the kubelet's next prepare re-reads the claim and completes them.
+    """
+    out: dict[str, ClaimRecord] = {}
+    for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
+        spec = cdi.read_spec(path) or {}
+        devices = []
+        for dev in spec.get("devices", []):
+            name = dev.get("name", "") if isinstance(dev, dict) else ""
+            if isinstance(name, str) and name.startswith(uid + "-"):
+                device = name[len(uid) + 1 :]
+                devices.append(
+                    DeviceRecord((), node_name, device, (cdi.qualified_id(driver, uid, device),))
+                )
+        out[uid] = ClaimRecord(uid, "", "", COMPLETED, path.name, tuple(devices), recovered=True)
+    return out
+
+
+def collect_orphans(state: State, cdi_root: Path, driver: str) -> None:
+    removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
+    for path in removed:
+        log.warning("removed orphan CDI spec path=%s", path)
+    log.info(
+        "claims loaded driver=%s prepared=%d orphans_removed=%d",
+        driver,
+        len(state.claims),
+        len(removed),
+    )

@@ -1,0 +1,356 @@
+"""The reconciling publisher: keeps this node's ResourceSlices equal to its devices.
+
+It reconciles on every device change and whenever our slices are changed or deleted by
+someone else (the kubelet deletes all of a node's slices when it starts). It writes
+nothing when the API already holds what we would write, also after a restart. What to
+write is decided by the pure functions in `slices.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dra_plugin.devices import Device, InvalidDeviceError
+from dra_plugin.kubeapi import ApiError, Backoff, ConflictError, KubeAPI, NotFoundError
+from dra_plugin.sharing import Sharing
+from dra_plugin.slices.build import (
+    Obj,
+    content_key,
+    desired_slices,
+    flat_device,
+    plan_sync,
+    strip_taints,
+)
+from dra_plugin.telemetry import metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublisherStats:
+    """Counters for metrics and benchmarks."""
+
+    reconciles: int = 0
+    writes: int = 0
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+    conflicts: int = 0
+    errors: int = 0
+    last_error: str = ""
+    last_success: float = 0.0  # time.time() of the last successful reconcile
+    generations: dict[str, int] = field(default_factory=dict)
+
+
+class SlicePublisher:
+    """Keeps each driver's pool on this node equal to the devices it was last given."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        node_name: str,
+        drivers: Sequence[str],
+        *,
+        taint_effect: str = "NoSchedule",
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        resync_seconds: float = 600.0,
+        sharing: Mapping[str, Sharing] | None = None,
+    ) -> None:
+        self._api = api
+        self.node_name = node_name
+        self.drivers = tuple(drivers)
+        self.taint_effect = taint_effect
+        self._backoff = (backoff_initial, backoff_max)
+        self._resync_seconds = resync_seconds
+        # None: not told yet (nothing is published for a driver before its first set_devices).
+        self._devices: dict[str, tuple[Device, ...] | None] = dict.fromkeys(self.drivers)
+        self._dirty = {d: asyncio.Event() for d in self.drivers}
+        self._idle = {d: asyncio.Event() for d in self.drivers}
+        self._last_generation: dict[str, int] = {}
+        self._drops_taints: set[str] = set()
+        self._sharing = dict(sharing or {})
+        self._drops_sharing: set[str] = set()  # the server does not keep consumable capacity
+        self._probed_sharing: set[str] = set()  # a dry run told whether the server keeps it
+        self._own_rvs: deque[str] = deque(maxlen=4096)  # echoes of our own writes
+        self._own_deletes: deque[str] = deque(maxlen=1024)
+        # Watch events that arrive while we write may be our own echoes whose
+        # resourceVersion we do not know yet: judge them once the reconcile is done.
+        self._inflight: set[str] = set()
+        self._deferred: dict[str, list[tuple[str, str, str]]] = {d: [] for d in self.drivers}
+        self._node_uid = ""
+        self._start_rv = ""  # the first list's version: the watch starts there, no re-list
+        self._version = ""
+        self._tasks: list[asyncio.Task[None]] = []
+        self.stats = PublisherStats()
+
+    # --- public API ----------------------------------------------------------------------
+    def set_devices(self, driver: str, devices: Iterable[Device]) -> None:
+        """New desired device set for `driver` (event loop only); reconciles right away."""
+        if driver not in self._dirty:
+            raise ValueError(f"driver {driver!r} is not one of {self.drivers}")
+        self._devices[driver] = tuple(devices)
+        self._mark(driver)
+
+    async def start(self) -> None:
+        """Resolve the Node and API version, reconcile once, then keep reconciling.
+
+        Never raises for an unreachable API: the background loop retries with backoff.
+        """
+        for driver in self.drivers:
+            if self._devices[driver] is not None:
+                self._dirty[driver].clear()
+                if await self._reconcile_guarded(driver) in ("conflict", "error"):
+                    self._dirty[driver].set()  # the worker retries with backoff
+        for driver in self.drivers:
+            self._tasks.append(asyncio.create_task(self._worker(driver), name=f"slices-{driver}"))
+        self._tasks.append(asyncio.create_task(self._watch(), name="slices-watch"))
+        if self._resync_seconds > 0:
+            self._tasks.append(asyncio.create_task(self._resync(), name="slices-resync"))
+
+    async def stop(self) -> None:
+        """Stop reconciling. Slices stay: deleting them would break rolling updates."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def wait_synced(self, timeout: float = 10.0) -> bool:
+        """True once every driver with devices has been reconciled with nothing pending."""
+        wanted = [d for d in self.drivers if self._devices[d] is not None]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(self._idle[d].wait() for d in wanted)), timeout)
+        except TimeoutError:
+            return False
+        return all(self._idle[d].is_set() for d in wanted)
+
+    # --- internals -------------------------------------------------------------------------
+    def _mark(self, driver: str) -> None:
+        self._idle[driver].clear()
+        self._dirty[driver].set()
+
+    async def _ensure_ready(self) -> None:
+        if not self._version:
+            self._version = await self._api.resource_api_version()
+        if not self._node_uid:
+            node = await self._api.get_node(self.node_name)
+            self._node_uid = str(node.get("metadata", {}).get("uid", ""))
+
+    async def _reconcile_guarded(self, driver: str) -> str:
+        """One reconcile: "ok", "conflict", "error" or "invalid"; never raises."""
+        self._inflight.add(driver)
+        try:
+            await self._ensure_ready()
+            await self._reconcile(driver)
+        except ConflictError as exc:
+            self.stats.conflicts += 1
+            log.info("slices conflict driver=%s, re-reading: %s", driver, exc)
+            return "conflict"
+        except (ApiError, InvalidDeviceError) as exc:
+            self.stats.errors += 1
+            self.stats.last_error = f"{driver}: {exc}"
+            log.warning("slices reconcile failed driver=%s error=%s", driver, exc)
+            return "invalid" if isinstance(exc, InvalidDeviceError) else "error"
+        finally:
+            self._inflight.discard(driver)
+            deferred, self._deferred[driver] = self._deferred[driver], []
+            for etype, name, rv in deferred:
+                self._on_change(driver, etype, name, rv)
+        self.stats.last_success = time.time()
+        if not self._dirty[driver].is_set():
+            self._idle[driver].set()
+        return "ok"
+
+    async def _worker(self, driver: str) -> None:
+        backoff = Backoff(*self._backoff)
+        conflicts = 0
+        while True:
+            await self._dirty[driver].wait()
+            self._dirty[driver].clear()
+            if self._devices[driver] is None:
+                continue
+            outcome = await self._reconcile_guarded(driver)
+            if outcome == "ok":
+                backoff.reset()
+                conflicts = 0
+            elif outcome == "invalid":
+                continue  # our own data is bad: retrying cannot help until devices change
+            elif outcome == "conflict" and conflicts < 3:
+                conflicts += 1  # someone else wrote in between: re-read at once
+                self._dirty[driver].set()
+            else:
+                conflicts = 0
+                self._dirty[driver].set()
+                await asyncio.sleep(backoff.next())
+
+    async def _reconcile(self, driver: str) -> None:
+        self.stats.reconciles += 1
+        devices = self._devices[driver] or ()
+        existing, list_rv = await self._api.list_slices(self.node_name, driver)
+        self._start_rv = self._start_rv or list_rv
+        desired = desired_slices(
+            self.node_name,
+            self._node_uid,
+            driver,
+            devices,
+            api_version=self._version,
+            generation=1,
+            taint_effect=self.taint_effect,
+            sharing=self.sharing(driver),
+        )
+        if driver in self._drops_taints:
+            strip_taints(desired)
+        plan = plan_sync(existing, desired, min_generation=self._last_generation.get(driver, 0))
+        if plan.writes and await self._server_drops_sharing(driver, desired):
+            return await self._reconcile(driver)  # as exclusive devices, before any write
+        if not plan.writes:
+            self._last_generation[driver] = plan.generation
+            self.stats.generations[driver] = plan.generation
+            return
+        log.info(
+            "slices sync driver=%s generation=%d create=%d update=%d delete=%d",
+            driver,
+            plan.generation,
+            len(plan.creates),
+            len(plan.updates),
+            len(plan.deletes),
+        )
+        # Updates and creates first, deletes last: the pool is never emptier than needed.
+        shared = self.sharing(driver) is not None
+        for obj in plan.updates:
+            self._note_write(driver, obj, await self._api.update_slice(obj))
+            self.stats.updates += 1
+            metrics.slice_write(driver, "update")
+            if shared and driver in self._drops_sharing:
+                return await self._reconcile(driver)  # at once, as exclusive devices
+        for obj in plan.creates:
+            self._note_write(driver, obj, await self._api.create_slice(obj))
+            self.stats.creates += 1
+            metrics.slice_write(driver, "create")
+            if shared and driver in self._drops_sharing:
+                return await self._reconcile(driver)
+        for name, rv in plan.deletes:
+            self._own_deletes.append(name)
+            with contextlib.suppress(NotFoundError):  # already gone: what we wanted
+                await self._api.delete_slice(name, resource_version=rv)
+            self.stats.deletes += 1
+            self.stats.writes += 1
+            metrics.slice_write(driver, "delete")
+        # Only now: a failed attempt must not make the retry bump the generation again.
+        self._last_generation[driver] = plan.generation
+        self.stats.generations[driver] = plan.generation
+
+    def sharing(self, driver: str) -> Sharing | None:
+        """How `driver` publishes its devices now (None: exclusive, also after fallback)."""
+        return None if driver in self._drops_sharing else self._sharing.get(driver)
+
+    async def _server_drops_sharing(self, driver: str, desired: list[Obj]) -> bool:
+        """Once per driver, before the first write of shared devices: a dry-run create
+        shows whether the server keeps consumable capacity, so a gate-off cluster never
+        stores a shared slice and a restart there writes nothing."""
+        if driver in self._probed_sharing or self.sharing(driver) is None:
+            return False
+        probe = next((obj for obj in desired if _multi(obj)), None)
+        if probe is None:
+            return False
+        got = await self._api.create_slice(probe, dry_run=True)
+        self._probed_sharing.add(driver)
+        if _multi(got):
+            return False
+        self._fall_back_to_exclusive(driver)
+        return True
+
+    def _fall_back_to_exclusive(self, driver: str) -> None:
+        # Like the taint case below: the server drops fields behind a feature gate.
+        # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
+        self._drops_sharing.add(driver)
+        log.error(
+            "the API server dropped allowMultipleAllocations and the capacity request "
+            "policies: GPU sharing needs the DRAConsumableCapacity feature gate (beta "
+            "and on by default from Kubernetes 1.36, alpha in 1.34-1.35) on the API "
+            "server, scheduler and kubelet; publishing driver=%s devices for exclusive "
+            "use (one claim per device). Enable the gate and restart the plugin, or set "
+            "the sharing mode to exclusive to silence this",
+            driver,
+        )
+
+    def _note_write(self, driver: str, sent: Obj, got: Obj) -> None:
+        self.stats.writes += 1
+        rv = str(got.get("metadata", {}).get("resourceVersion", ""))
+        if rv:
+            self._own_rvs.append(rv)
+        if _multi(sent) and not _multi(got):
+            # The dry run said otherwise (a server upgraded or downgraded meanwhile).
+            self._fall_back_to_exclusive(driver)
+            return
+        if content_key(sent) != content_key(got) and driver not in self._drops_taints:
+            sent_taints = any(
+                flat_device(d).get("taints") for d in sent["spec"].get("devices") or []
+            )
+            got_taints = any(
+                flat_device(d).get("taints") for d in got.get("spec", {}).get("devices") or []
+            )
+            if sent_taints and not got_taints:
+                # Like the upstream controller's DroppedFieldsError: without this we would
+                # rewrite forever. Health stays visible through the `health` attribute.
+                self._drops_taints.add(driver)
+                log.warning(
+                    "the API server dropped device taints (feature gate "
+                    "DRADeviceTaints disabled?); publishing without taints driver=%s",
+                    driver,
+                )
+            else:
+                log.warning(
+                    "the API server changed the slice we wrote driver=%s name=%s",
+                    driver,
+                    got.get("metadata", {}).get("name"),
+                )
+
+    async def _watch(self) -> None:
+        async for event in self._api.watch_slices(self.node_name, resource_version=self._start_rv):
+            if event.type == "RESYNC":
+                for driver in self.drivers:
+                    if self._devices[driver] is not None:
+                        self._mark(driver)
+                continue
+            obj = event.object
+            driver = str(obj.get("spec", {}).get("driver", ""))
+            if driver not in self._dirty or self._devices[driver] is None:
+                continue
+            meta = obj.get("metadata", {})
+            name, rv = str(meta.get("name", "")), str(meta.get("resourceVersion", ""))
+            if driver in self._inflight:
+                self._deferred[driver].append((event.type, name, rv))
+            else:
+                self._on_change(driver, event.type, name, rv)
+
+    def _on_change(self, driver: str, etype: str, name: str, rv: str) -> None:
+        if etype == "DELETED" and name in self._own_deletes:
+            return
+        if etype != "DELETED" and rv in self._own_rvs:
+            return
+        log.info("slice changed by someone else event=%s name=%s driver=%s", etype, name, driver)
+        self._mark(driver)
+
+    async def _resync(self) -> None:
+        # Safety net in case a watch event was lost: an extra list, no writes if all is well.
+        while True:
+            await asyncio.sleep(self._resync_seconds)
+            for driver in self.drivers:
+                if self._devices[driver] is not None:
+                    self._mark(driver)
+
+
+def _multi(obj: Obj) -> bool:
+    return any(
+        flat_device(d).get("allowMultipleAllocations") is True
+        for d in obj.get("spec", {}).get("devices") or []
+    )

@@ -1,0 +1,208 @@
+"""The API server's ResourceSlice rules, checked before a slice is sent (pure).
+
+A bad value then names its slice, device and rule instead of failing a whole write. Ported
+from kubernetes pkg/apis/resource/validation, including the consumable-capacity
+(KEP-5075) request policies.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+from dra_plugin.devices import (
+    InvalidDeviceError,
+    is_dns_label,
+    is_dns_subdomain,
+    is_semver,
+    valid_driver_name,
+)
+from dra_plugin.slices.quantity import parse_quantity
+
+Obj = dict[str, Any]
+
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
+MAX_TAINTS_PER_DEVICE = 16
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_STRING = 64
+MAX_GENERATE_NAME = 58  # the server cuts generateName here before adding 5 random chars
+HEALTH_ATTRIBUTE = "health"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+MAX_VALID_VALUES = 10
+
+_C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+class SliceValidationError(InvalidDeviceError):
+    """A slice breaks a server-side rule; the message names the slice, device and rule."""
+
+
+def flat_device(device: Obj) -> Obj:
+    """v1beta1 keeps device fields under `basic`; v1/v1beta2 inline them."""
+    if "basic" in device:
+        return {"name": device.get("name"), **(device.get("basic") or {})}
+    return device
+
+
+def _qualified_name_problem(name: str) -> str | None:
+    domain, sep, ident = name.rpartition("/")
+    if sep and not (domain and len(domain) <= 63 and is_dns_subdomain(domain)):
+        return "domain must be a DNS subdomain of at most 63 characters"
+    if "/" in domain:
+        return "must not contain more than one slash"
+    if not ident or len(ident) > 32 or not _C_IDENTIFIER.match(ident):
+        return "name must be a C identifier of at most 32 characters"
+    return None
+
+
+def _label_name_ok(key: str) -> bool:
+    prefix, sep, name = key.rpartition("/")
+    if sep and not is_dns_subdomain(prefix):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def validate_slice(obj: Obj) -> None:
+    """Check a slice against the API server's ResourceSlice rules before sending it."""
+    spec = obj.get("spec") or {}
+    driver = str(spec.get("driver", ""))
+    node = str(spec.get("nodeName", ""))
+    where = f"ResourceSlice of driver {driver!r} on node {node!r}"
+
+    def fail(rule: str, device: str = "") -> None:
+        who = f"{where}: device {device!r}" if device else where
+        raise SliceValidationError(f"{who}: {rule}")
+
+    if not valid_driver_name(driver):
+        fail("driver name must be a lowercase DNS subdomain of at most 63 characters")
+    if not is_dns_subdomain(node):
+        fail("spec.nodeName must be set to a node name (a DNS subdomain)")
+    pool = spec.get("pool") or {}
+    pool_name = str(pool.get("name", ""))
+    if (
+        not pool_name
+        or len(pool_name) > 253
+        or not all(is_dns_subdomain(p) for p in pool_name.split("/"))
+    ):
+        fail(f"pool name {pool_name!r} must be DNS subdomains separated by '/', <= 253")
+    if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
+        fail("pool generation must be an integer >= 0")
+    if not isinstance(pool.get("resourceSliceCount"), int) or pool["resourceSliceCount"] < 1:
+        fail("pool resourceSliceCount must be >= 1")
+    gen_name = (obj.get("metadata") or {}).get("generateName", "")
+    if gen_name and (len(gen_name) > MAX_GENERATE_NAME or not is_dns_subdomain(gen_name + "x")):
+        fail(f"generateName {gen_name!r} must be a DNS subdomain prefix of <= 58 characters")
+    devices = [flat_device(d) for d in spec.get("devices") or []]
+    tainted = any(d.get("taints") for d in devices)
+    limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
+    if len(devices) > limit:
+        fail(
+            f"{len(devices)} devices; a slice holds at most {limit}"
+            + (" when a device has taints" if tainted else "")
+        )
+    seen: set[str] = set()
+    for dev in devices:
+        name = str(dev.get("name", ""))
+        if not is_dns_label(name):
+            fail("name must be a DNS label (<= 63 lowercase a-z0-9-)", name)
+        if name in seen:
+            fail("device name appears twice in the slice", name)
+        seen.add(name)
+        _validate_device_fields(dev, name, fail)
+
+
+def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
+    attrs: Obj = dev.get("attributes") or {}
+    caps: Obj = dev.get("capacity") or {}
+    if len(attrs) + len(caps) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        fail(
+            f"{len(attrs) + len(caps)} attributes+capacities (including {HEALTH_ATTRIBUTE!r}),"
+            f" limit {MAX_ATTRIBUTES_AND_CAPACITIES}",
+            name,
+        )
+    for key, attr in attrs.items():
+        problem = _qualified_name_problem(key)
+        if problem:
+            fail(f"attribute {key!r}: {problem}", name)
+        kinds = [k for k in ("bool", "int", "string", "version") if attr.get(k) is not None]
+        if len(kinds) != 1:
+            fail(f"attribute {key!r} must have exactly one of bool/int/string/version", name)
+        value = attr[kinds[0]]
+        if kinds[0] in ("string", "version") and len(str(value)) > MAX_STRING:
+            fail(f"attribute {key!r} is {len(str(value))} characters, limit {MAX_STRING}", name)
+        if kinds[0] == "version" and not is_semver(str(value)):
+            fail(f"attribute {key!r} version {value!r} is not strict semver", name)
+    shared = dev.get("allowMultipleAllocations") is True
+    for key, cap in caps.items():
+        problem = _qualified_name_problem(key)
+        if problem:
+            fail(f"capacity {key!r}: {problem}", name)
+        try:
+            value = parse_quantity(str(cap.get("value")))
+        except ValueError:
+            fail(f"capacity {key!r} value {cap.get('value')!r} is not a quantity", name)
+            continue
+        if value < 0:
+            fail(f"capacity {key!r} is negative", name)
+        policy = cap.get("requestPolicy")
+        if policy is not None and not shared:
+            fail(f"capacity {key!r}: requestPolicy needs allowMultipleAllocations", name)
+        if policy is not None:
+            problem = request_policy_problem(value, policy)
+            if problem:
+                fail(f"capacity {key!r} requestPolicy: {problem}", name)
+    taints = dev.get("taints") or []
+    if len(taints) > MAX_TAINTS_PER_DEVICE:
+        fail(f"{len(taints)} taints, limit {MAX_TAINTS_PER_DEVICE}", name)
+    for taint in taints:
+        if not _label_name_ok(str(taint.get("key", ""))):
+            fail(f"taint key {taint.get('key')!r} is not a label name", name)
+        value = str(taint.get("value", "") or "")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            fail(f"taint value {value!r} is not a label value", name)
+        if taint.get("effect") not in TAINT_EFFECTS:
+            fail(f"taint effect {taint.get('effect')!r} is not one of {TAINT_EFFECTS}", name)
+
+
+def _q(value: object) -> Decimal:
+    return parse_quantity(str(value))
+
+
+def request_policy_problem(capacity: Decimal, policy: Obj) -> str | None:
+    """What the server would refuse in a consumable capacity's request policy, or None."""
+    try:
+        values = [_q(v) for v in policy.get("validValues") or []]
+        rng = policy.get("validRange")
+        default = _q(policy["default"]) if policy.get("default") is not None else None
+        if values and rng is not None:
+            return "validValues and validRange are mutually exclusive"
+        if values:
+            if default is None:
+                return "default is required with validValues"
+            if len(values) > MAX_VALID_VALUES or values != sorted(values):
+                return f"validValues must be sorted and at most {MAX_VALID_VALUES}"
+            if max(values) > capacity or default not in values:
+                return "validValues exceed the capacity or miss the default"
+        if rng is not None:
+            if default is None or rng.get("min") is None:
+                return "default and validRange.min are required with validRange"
+            low = _q(rng["min"])
+            high = _q(rng["max"]) if rng.get("max") is not None else None
+            if low > capacity or default < low:
+                return "min must be <= capacity and <= default"
+            if high is not None and (low > high or high > capacity or default > high):
+                return "max must be within min..capacity and >= default"
+            if rng.get("step") is not None:
+                step = _q(rng["step"])
+                if low + step > capacity:
+                    return "one step above min exceeds the capacity"
+                for v in (default, high):
+                    if v is not None and (v - low) % step != 0:
+                        return f"{v} is not min plus a multiple of step"
+    except ValueError as exc:
+        return str(exc)
+    return None

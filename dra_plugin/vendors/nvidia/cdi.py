@@ -1,0 +1,236 @@
+"""CDI for NVIDIA GPUs: the options that decide how NVIDIA userspace reaches a container,
+and the plan (toolkit CDI device, host libraries, or device nodes only) made from what is
+on disk. cdi.py renders the plan into the claim's spec.
+
+The CDI spec format has no way for one spec to include another spec's device, so with the
+`toolkit` strategy the claim's answer to the kubelet lists TWO CDI ids per GPU: ours
+(device nodes) and the NVIDIA container toolkit's own `nvidia.com/gpu=<uuid>`. The kubelet
+hands every id to the runtime, which applies both specs. Host libraries are only ever
+located (stat/readlink) here, never loaded into this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from dra_plugin.vendors.nvidia.model import LIBRARY_DIRS
+
+if TYPE_CHECKING:
+    from dra_plugin.config import Config
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
+TOOLKIT_KIND = "nvidia.com/gpu"
+
+
+class CdiError(Exception):
+    """A spec cannot be rendered or written; the message says which claim/device and why."""
+
+
+@dataclass(frozen=True)
+class CdiOptions:
+    max_version: str = "0.8.0"
+    nvidia_strategy: str = "auto"
+    toolkit_cdi_dirs: tuple[Path, ...] = (
+        Path("/var/cdi/static"),
+        Path("/var/run/cdi"),
+        Path("/etc/cdi"),
+    )
+    driver_root: Path = Path("/")  # as this process sees it
+    host_driver_root: Path = Path("/")  # the same directory as the runtime (host) sees it
+    host_root: Path = Path("/")  # where the host's / is visible to this process (hooks)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> CdiOptions:
+        # The plugin may read the driver through a host mount (/host/usr/lib/...), but
+        # the spec is read by the runtime on the host: paths must be host paths.
+        host_driver_root = cfg.nvidia_driver_root
+        if cfg.host_root != Path("/") and cfg.nvidia_driver_root.is_relative_to(cfg.host_root):
+            host_driver_root = Path("/") / cfg.nvidia_driver_root.relative_to(cfg.host_root)
+        return cls(
+            max_version=cfg.cdi_max_version,
+            nvidia_strategy=cfg.nvidia_cdi_strategy,
+            toolkit_cdi_dirs=cfg.nvidia_toolkit_cdi_dirs,
+            driver_root=cfg.nvidia_driver_root,
+            host_driver_root=host_driver_root,
+            host_root=cfg.host_root,
+        )
+
+
+# Sonames the toolkit injects for compute and utility workloads.
+NVIDIA_LIBRARIES = (
+    "libcuda.so.1",
+    "libcudadebugger.so.1",
+    "libnvidia-ml.so.1",
+    "libnvidia-ptxjitcompiler.so.1",
+    "libnvidia-nvvm.so.4",
+    "libnvidia-opencl.so.1",
+    "libnvidia-cfg.so.1",
+    "libnvidia-allocator.so.1",
+    "libnvidia-gpucomp.so.*",
+)
+BINARIES = ("usr/bin/nvidia-smi", "bin/nvidia-smi")
+HOOK_BINARIES = (
+    "usr/bin/nvidia-cdi-hook",
+    "usr/local/bin/nvidia-cdi-hook",
+    "usr/local/nvidia/toolkit/nvidia-cdi-hook",
+)
+MOUNT_OPTIONS = ["ro", "nosuid", "nodev", "bind"]
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+@dataclass(frozen=True)
+class NvidiaPlan:
+    """How NVIDIA userspace reaches the container, decided from what is on disk."""
+
+    strategy: str  # toolkit | host-libs | device-nodes
+    reason: str
+    mounts: tuple[tuple[str, str], ...] = ()  # (hostPath, containerPath)
+    hooks: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (path, args)
+
+
+# Parsed toolkit spec files and library scans, keyed by what would change them: prepare
+# runs them for every NVIDIA claim, and a toolkit spec is a large YAML file.
+_TOOLKIT_CACHE: dict[Path, tuple[tuple[int, int], frozenset[str]]] = {}
+_LIBRARY_CACHE: dict[tuple[object, ...], tuple[list[tuple[str, str]], list[str]]] = {}
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def toolkit_devices(dirs: Iterable[Path]) -> set[str]:
+    """Device names of kind nvidia.com/gpu in the toolkit's spec files (yaml or json)."""
+    names: set[str] = set()
+    for d in dirs:
+        try:
+            files = sorted(p for p in d.iterdir() if p.suffix in (".json", ".yaml", ".yml"))
+        except OSError:
+            continue
+        for path in files:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_mtime_ns, st.st_size)
+            hit = _TOOLKIT_CACHE.get(path)
+            if hit is None or hit[0] != key:
+                hit = (key, frozenset(_toolkit_names(path)))
+                _TOOLKIT_CACHE[path] = hit
+            names |= hit[1]
+    return names
+
+
+def _toolkit_names(path: Path) -> set[str]:
+    try:
+        data = yaml.load(path.read_text(), Loader=_YAML_LOADER)  # JSON is YAML too
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        log.warning("unreadable CDI spec path=%s error=%s", path, exc)
+        return set()
+    if not isinstance(data, dict) or data.get("kind") != TOOLKIT_KIND:
+        return set()
+    devices = data.get("devices")
+    return {
+        str(x.get("name"))
+        for x in (devices if isinstance(devices, list) else [])
+        if isinstance(x, dict)
+    }
+
+
+def _resolve_under(root: Path, path: Path) -> Path | None:
+    """Follow symlinks of `path` without leaving `root` (absolute links are root-relative)."""
+    for _ in range(16):
+        if not path.is_symlink():
+            return path if path.is_file() else None
+        target = Path(os.readlink(path))
+        path = root / target.relative_to("/") if target.is_absolute() else path.parent / target
+    return None
+
+
+def _host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
+    # A driver install or upgrade changes the library directories' mtimes.
+    stamps: list[object] = [opts.driver_root, opts.host_driver_root]
+    for d in LIBRARY_DIRS:
+        try:
+            stamps.append((d, (opts.driver_root / d).stat().st_mtime_ns))
+        except OSError:
+            stamps.append((d, None))
+    key = tuple(stamps)
+    if key not in _LIBRARY_CACHE:
+        _LIBRARY_CACHE.clear()  # one driver root per process: keep only the current scan
+        _LIBRARY_CACHE[key] = _scan_host_libraries(opts)
+    mounts, dirs = _LIBRARY_CACHE[key]
+    return list(mounts), list(dirs)
+
+
+def _scan_host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
+    root = opts.driver_root
+    mounts: list[tuple[str, str]] = []
+    dirs: list[str] = []
+    for lib in NVIDIA_LIBRARIES:
+        for d in LIBRARY_DIRS:
+            found = sorted((root / d).glob(lib)) if "*" in lib else [root / d / lib]
+            real = _resolve_under(root, found[-1]) if found else None
+            if real is None:
+                continue
+            host = str(opts.host_driver_root / real.relative_to(root))
+            # The real file at its own path and at the soname path (what the toolkit's
+            # create-symlinks hook would otherwise provide).
+            for p in dict.fromkeys((real, found[-1])):
+                mounts.append((host, "/" + str(p.relative_to(root))))
+            dirs.append("/" + str(real.parent.relative_to(root)))
+            break
+    return mounts, sorted(set(dirs))
+
+
+def plan_nvidia(opts: CdiOptions, uuids: Sequence[str]) -> NvidiaPlan:
+    """Choose the userspace strategy (side effects: reads the toolkit dirs, stats libraries)."""
+    strategy = opts.nvidia_strategy
+    if strategy in ("auto", "toolkit"):
+        known = toolkit_devices(opts.toolkit_cdi_dirs)
+        missing = [u for u in uuids if u not in known]
+        if not missing:
+            return NvidiaPlan(
+                "toolkit",
+                f"the NVIDIA container toolkit's CDI spec lists {TOOLKIT_KIND}={','.join(uuids)}",
+            )
+        why = (
+            f"no {TOOLKIT_KIND} device {', '.join(missing)} in the toolkit's CDI specs under "
+            f"{', '.join(map(str, opts.toolkit_cdi_dirs))}"
+        )
+        if strategy == "toolkit":
+            raise CdiError(f"NVIDIA CDI strategy toolkit: {why}")
+    else:
+        why = f"strategy {strategy}"
+    if strategy in ("auto", "host-libs"):
+        mounts, lib_dirs = _host_libraries(opts)
+        if mounts:
+            for rel in BINARIES:
+                real = _resolve_under(opts.driver_root, opts.driver_root / rel)
+                if real is not None:
+                    host = str(opts.host_driver_root / real.relative_to(opts.driver_root))
+                    mounts.append((host, "/usr/bin/nvidia-smi"))
+                    break
+            hooks: list[tuple[str, tuple[str, ...]]] = []
+            # Only reference the ldcache hook when its binary really is on the host.
+            hook = next((h for h in HOOK_BINARIES if (opts.host_root / h).is_file()), None)
+            if hook is not None:
+                args = ["nvidia-cdi-hook", "update-ldcache"]
+                for d in lib_dirs:
+                    args += ["--folder", d]
+                hooks.append(("/" + hook, tuple(args)))
+            else:
+                why += "; no nvidia-cdi-hook on the host, so the container's ld cache is not "
+                why += f"updated (libraries mounted in {', '.join(lib_dirs)})"
+            return NvidiaPlan("host-libs", why, tuple(mounts), tuple(hooks))
+        why += f"; no NVIDIA driver libraries under {opts.driver_root}"
+        if strategy == "host-libs":
+            raise CdiError(f"NVIDIA CDI strategy host-libs: {why}")
+    return NvidiaPlan(
+        "device-nodes", why + "; containers get device nodes only (no CUDA userspace)"
+    )

@@ -1,0 +1,219 @@
+"""NVIDIA discovery through NVML: every allocatable GPU or MIG device as a Device.
+
+A GPU in MIG mode is NOT published itself, only its MIG devices: with MIG enabled CUDA
+cannot use the GPU as a whole, and handing it out next to its MIG devices would give the
+same silicon to two claims. A MIG-enabled GPU without MIG devices publishes nothing (and
+says so in the warnings).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pynvml
+
+from dra_plugin.devices import (
+    Device,
+    InvalidDeviceError,
+    Version,
+    cuda_version,
+    is_dns_label,
+    semver,
+)
+from dra_plugin.vendors.nvidia.model import (
+    GpuFacts,
+    bus_id,
+    gpu_device,
+    mig_cap_nodes,
+    mig_device,
+    mig_name,
+    mig_profile,
+    sysfs_pcie_root,
+)
+from dra_plugin.vendors.nvidia.nvml.library import (
+    NO_ANSWER_OK,
+    Handle,
+    NvmlError,
+    code_of,
+    describe_error,
+    session,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NvmlDiscovery:
+    """What NVML shows: devices, or why there are none (`error`), plus per-GPU problems."""
+
+    devices: tuple[Device, ...] = ()
+    error: str | None = None
+    warnings: tuple[str, ...] = ()
+
+
+def discover_nvidia(
+    driver_root: Path,
+    driver_name: str,
+    *,
+    sysfs_root: Path = Path("/sys"),
+    proc_root: Path = Path("/proc"),
+) -> NvmlDiscovery:
+    """All allocatable NVIDIA devices on this node. Never raises: problems become data."""
+    warnings: list[str] = []
+    try:
+        with session(driver_root):
+            devices = _Discovery(driver_name, sysfs_root, proc_root, warnings).run()
+    except NvmlError as e:
+        return NvmlDiscovery(error=str(e), warnings=tuple(warnings))
+    except pynvml.NVMLError as e:
+        return NvmlDiscovery(error=describe_error(e), warnings=tuple(warnings))
+    except Exception as e:  # a driver surprise must not take the Intel side down with it
+        log.exception("NVIDIA discovery failed")
+        return NvmlDiscovery(
+            error=f"NVIDIA discovery failed: {type(e).__name__}: {e}", warnings=tuple(warnings)
+        )
+    for warning in warnings:
+        log.warning("nvidia discovery: %s", warning)
+    return NvmlDiscovery(devices=tuple(devices), warnings=tuple(warnings))
+
+
+class _Discovery:
+    def __init__(self, driver: str, sysfs_root: Path, proc_root: Path, warnings: list[str]):
+        self.driver = driver
+        self.sysfs_root = sysfs_root
+        self.proc_root = proc_root
+        self.warnings = warnings
+
+    def opt(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """An optional NVML answer: None when unsupported (silently) or failing (warned)."""
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as e:
+            if code_of(e) not in NO_ANSWER_OK:
+                self.warnings.append(f"{what}: {describe_error(e)}")
+            return None
+
+    def version(self, what: str, raw: Callable[[], str]) -> Version | None:
+        try:
+            return Version(raw())
+        except pynvml.NVMLError as e:
+            self.warnings.append(f"{what}: {describe_error(e)}")
+        except InvalidDeviceError as e:
+            self.warnings.append(f"{what}: {e}")
+        return None
+
+    def run(self) -> list[Device]:
+        driver_version = self.version(
+            "driver version", lambda: semver(str(pynvml.nvmlSystemGetDriverVersion()))
+        )
+        cuda = self.version(
+            "CUDA driver version",
+            lambda: cuda_version(int(pynvml.nvmlSystemGetCudaDriverVersion())),
+        )
+        devices: list[Device] = []
+        for index in range(int(pynvml.nvmlDeviceGetCount())):
+            try:
+                devices.extend(self.gpu(index, driver_version, cuda))
+            except pynvml.NVMLError as e:
+                self.warnings.append(f"GPU index {index} skipped: {describe_error(e)}")
+        return devices
+
+    def gpu(self, index: int, driver_version: Version | None, cuda: Version | None) -> list[Device]:
+        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        minor = int(pynvml.nvmlDeviceGetMinorNumber(h))
+        uuid = str(pynvml.nvmlDeviceGetUUID(h))
+        name = f"gpu-{minor}"
+        product = self.opt(f"{name} name", pynvml.nvmlDeviceGetName, h)
+        brand = self.opt(f"{name} brand", pynvml.nvmlDeviceGetBrand, h)
+        arch = self.opt(f"{name} architecture", pynvml.nvmlDeviceGetArchitecture, h)
+        cc = self.opt(f"{name} compute capability", pynvml.nvmlDeviceGetCudaComputeCapability, h)
+        memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+        pci = self.opt(f"{name} PCI info", pynvml.nvmlDeviceGetPciInfo_v3, h)
+        bus = bus_id(pci.busId) if pci is not None else None
+        if pci is not None and bus is None:
+            self.warnings.append(f"{name}: unexpected PCI bus id {pci.busId!r}")
+        # The current link may drop at idle (power saving); max vs. current under load is
+        # what tells a degraded link. Both are published, the doctor compares.
+        link = {
+            attr: self.opt(f"{name} {attr}", fn, h)
+            for attr, fn in (
+                ("pcieLinkGen", pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+                ("pcieLinkWidth", pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+                ("pcieLinkMaxGen", pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
+                ("pcieLinkMaxWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth),
+            )
+        }
+        facts = GpuFacts(
+            index=index,
+            minor=minor,
+            uuid=uuid,
+            product=str(product) if product is not None else None,
+            brand=int(brand) if brand is not None else None,
+            architecture=int(arch) if arch is not None else None,
+            compute_capability=(
+                self.version(f"{name} compute capability", lambda: semver(f"{cc[0]}.{cc[1]}"))
+                if cc is not None
+                else None
+            ),
+            driver_version=driver_version,
+            cuda_version=cuda,
+            bus_id=bus,
+            pcie_root=sysfs_pcie_root(self.sysfs_root, bus) if bus else None,
+            link={k: int(v) if v is not None else None for k, v in link.items()},
+        )
+        mig_mode = self.opt(f"{name} MIG mode", pynvml.nvmlDeviceGetMigMode, h)
+        if mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
+            migs = self.migs(h, facts)
+            if not migs:
+                self.warnings.append(
+                    f"{name} ({uuid}) has MIG mode enabled but no MIG devices: "
+                    "nothing is published for it"
+                )
+            return migs
+        if mig_mode is not None and int(mig_mode[0]) != int(mig_mode[1]):
+            self.warnings.append(f"{name}: MIG mode change pending (needs a GPU reset)")
+        return [gpu_device(self.driver, facts, int(memory.total) if memory is not None else None)]
+
+    def migs(self, h: Handle, gpu: GpuFacts) -> list[Device]:
+        devices: list[Device] = []
+        names: set[str] = set()
+        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
+            try:
+                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except pynvml.NVMLError as e:
+                if code_of(e) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    continue  # an empty slot
+                raise
+            gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
+            ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
+            uuid = str(pynvml.nvmlDeviceGetUUID(mh))
+            profile = mig_profile(str(pynvml.nvmlDeviceGetName(mh)))
+            info = self.opt(f"gpu-{gpu.minor} GPU instance {gi}", _gpu_instance_info, h, gi)
+            placement = (info.profileId, info.placement.start) if info is not None else None
+            name = mig_name(gpu.minor, profile, gi, ci, placement)
+            if name in names:  # several compute instances share one GPU instance
+                name = f"{name}-ci{ci}"
+            names.add(name)
+            if not is_dns_label(name):
+                self.warnings.append(f"MIG device {uuid}: {name!r} is not a DNS label; skipped")
+                continue
+            memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
+            caps = mig_cap_nodes(self.proc_root, gpu.minor, gi, ci)
+            if isinstance(caps, Path):
+                self.warnings.append(
+                    f"{name}: {caps} not readable; its CDI spec will lack the /dev/nvidia-caps node"
+                )
+                caps = []
+            devices.append(mig_device(
+                self.driver, gpu, name, uuid, profile, gi=gi, ci=ci,
+                memory=int(memory.total) if memory is not None else None, cap_nodes=caps,
+            ))  # fmt: skip
+        return devices
+
+
+def _gpu_instance_info(h: Handle, gi: int) -> Any:
+    return pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(h, gi))
