@@ -31,10 +31,13 @@ from typing import Any
 import pynvml
 
 from bench.stats import ratio, summarize
-from dra_plugin.devices import INTEL, Device, make_device
+from dra_plugin.devices import Device, make_device
 from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.sampler import Sampler
+from dra_plugin.vendors.intel.ids import INTEL
+from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
 from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from tests.fakes.gpusysfs import write_telemetry
 from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml
 
@@ -183,8 +186,10 @@ def _one_size(devices: int, samples: int, scrapes: int, tmp: Path) -> dict[str, 
         node="bench",
         interval=10,
         devices=lambda: all_devices,
-        nvidia_driver_root=fake.driver_root,
-        sysfs_root=sysfs,
+        readers={
+            "intel": IntelSysfsReader(sysfs),
+            "nvidia": NvmlReader(fake.driver_root),
+        },
     )
     try:
         sampler.sample_devices(all_devices)  # warm-up: NVML init, handles, first energy

@@ -1,42 +1,41 @@
 """Configuration: the only reader of argv and the environment.
 
 Every flag has an environment twin (the chart sets the env form). Parsing happens once,
-at the edge; the rest of the program receives a frozen `Config`.
+at the edge; the rest of the program receives a frozen `Config`. Vendors declare their
+own flags and parse their own values (vendors/*/); this module collects them.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from dra_plugin.devices import AMD, INTEL, NVIDIA, VENDOR_ORDER, is_dns_subdomain, valid_driver_name
+from dra_plugin.devices import is_dns_subdomain
 from dra_plugin.options import (
-    CDI_STRATEGIES,
-    COMMANDS,
-    DEFAULT_XID_IGNORE,
+    COMMON,
+    RUN,
     SOCKET_PATH_MAX,
     TAINT_EFFECTS,
-    all_options,
-    build_parser,
+    ConfigError,
+    Option,
+    attr_name,
+    number,
+    split,
 )
-from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, SHARED, Sharing
+from dra_plugin.sharing import Sharing
+from dra_plugin.vendors import registry
+from dra_plugin.vendors.base import defaults
 
-__all__ = [
-    "CDI_STRATEGIES",
-    "TAINT_EFFECTS",
-    "Config",
-    "ConfigError",
-    "all_options",
-    "parse",
-]
+__all__ = ["TAINT_EFFECTS", "Config", "ConfigError", "all_options", "parse"]
 
 
-class ConfigError(ValueError):
-    """Invalid configuration; the CLI prints it and exits with status 2."""
+def _default_settings() -> dict[str, Any]:
+    return {v.name: v.configure(defaults(v.options())) for v in registry.VENDORS}
 
 
 @dataclass(frozen=True)
@@ -44,22 +43,13 @@ class Config:
     command: str = "run"
     node_name: str = ""
     pod_uid: str = ""
-    vendors: tuple[str, ...] = (INTEL, NVIDIA)
-    intel_driver_name: str = "gpu.intel.com"
-    nvidia_driver_name: str = "gpu.nvidia.com"
-    amd_driver_name: str = "gpu.amd.com"
-    amd_ras_poll_seconds: float = 10.0
+    vendors: tuple[str, ...] = registry.DEFAULT_ENABLED
+    # vendor name -> that vendor's own settings (vendors/<name>/), for every known vendor
+    vendor_settings: Mapping[str, Any] = field(default_factory=_default_settings)
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/cdi/dynamic")
     cdi_max_version: str = "0.8.0"
-    nvidia_driver_root: Path = Path("/")
-    nvidia_cdi_strategy: str = "auto"
-    nvidia_toolkit_cdi_dirs: tuple[Path, ...] = (
-        Path("/var/cdi/static"),
-        Path("/var/run/cdi"),
-        Path("/etc/cdi"),
-    )
     host_root: Path = Path("/")
     kubeconfig: str = ""
     metrics_address: str = "0.0.0.0"
@@ -70,37 +60,26 @@ class Config:
     shutdown_grace_seconds: float = 10.0
     health_check_timeout_seconds: int = 30
     taint_effect: str = "NoSchedule"
-    xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
-    intel_sharing: str = EXCLUSIVE
-    intel_shares: int = DEFAULT_SHARES
-    nvidia_sharing: str = EXCLUSIVE
-    nvidia_shares: int = DEFAULT_SHARES
-    nvidia_shared_memory: bool = False
-    amd_sharing: str = EXCLUSIVE
-    amd_shares: int = DEFAULT_SHARES
     output: str = "table"
 
-    # --- derived paths -------------------------------------------------------------
+    # --- per vendor ----------------------------------------------------------------
+    def settings(self, vendor: str) -> Any:
+        """`vendor`'s own settings value (its vendors/<name>/ module defines the type)."""
+        return self.vendor_settings[vendor]
+
     @property
     def drivers(self) -> dict[str, str]:
         """Enabled vendor -> DRA driver name."""
-        names = {
-            INTEL: self.intel_driver_name,
-            NVIDIA: self.nvidia_driver_name,
-            AMD: self.amd_driver_name,
-        }
-        return {v: names[v] for v in self.vendors}
+        return {v: self.settings(v).driver_name for v in self.vendors}
 
     def sharing(self, vendor: str) -> Sharing | None:
         """How `vendor`'s devices are shared; None: each device goes to one claim."""
-        if vendor == INTEL and self.intel_sharing == SHARED:
-            return Sharing(self.intel_shares)
-        if vendor == NVIDIA and self.nvidia_sharing == SHARED:
-            return Sharing(self.nvidia_shares, memory=self.nvidia_shared_memory)
-        if vendor == AMD and self.amd_sharing == SHARED:
-            return Sharing(self.amd_shares)
-        return None
+        share: Sharing | None = (
+            self.settings(vendor).sharing if vendor in self.vendor_settings else None
+        )
+        return share
 
+    # --- derived paths -------------------------------------------------------------
     def plugin_dir(self, driver: str) -> Path:
         return self.plugins_dir / driver
 
@@ -113,20 +92,44 @@ class Config:
         return self.registrar_dir / name
 
 
-def _split(value: str) -> tuple[str, ...]:
-    return tuple(p.strip() for p in value.split(",") if p.strip())
+def command_options() -> tuple[Option, ...]:
+    """Every flag of every command: the common ones, then each vendor's."""
+    return COMMON + RUN + tuple(o for v in registry.VENDORS for o in v.options())
 
 
-def _number(name: str, raw: str, kind: type[int] | type[float], low: float) -> int | float:
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value):  # nan would pass every comparison, inf overflows waits
-        raise ConfigError(f"{name}={raw!r} is not a finite number")
-    if value < low:
-        raise ConfigError(f"{name}={raw!r} must be >= {low}")
-    return value
+COMMANDS = {
+    "run": "run the kubelet plugin daemon",
+    "discover": "print the GPUs found on this node and the ResourceSlices run would publish",
+    "doctor": "check this node for GPU, driver, CDI and kubelet problems",
+}
+
+
+def all_options() -> dict[str, str]:
+    """Flag -> env twin for every command (used by the chart consistency test)."""
+    return {o.flag: o.env for o in command_options()}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dra-plugin",
+        description="Kubernetes DRA kubelet plugin for GPUs ("
+        + ", ".join(v.title for v in registry.VENDORS)
+        + "). Every flag can also be set by the environment variable shown in brackets.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        for o in command_options():
+            p.add_argument(
+                o.flag,
+                default=None,
+                choices=o.choices,
+                help=f"{o.help} [{o.env}, default {o.default!r}]",
+            )
+        if name in ("discover", "doctor"):
+            choices = ("table", "json", "yaml") if name == "discover" else ("table", "json")
+            p.add_argument("-o", "--output", default="table", choices=choices, help="output format")
+    return parser
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
@@ -134,10 +137,9 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     ns = build_parser().parse_args(list(argv))
     command: str = ns.command
-    opts = COMMANDS[command][1]
     raw: dict[str, str] = {}
-    for o in opts:
-        attr = o.flag.lstrip("-").replace("-", "_")
+    for o in command_options():
+        attr = attr_name(o)
         value = getattr(ns, attr)
         if value is None:
             value = env.get(o.env, o.default)
@@ -156,20 +158,18 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     if not is_dns_subdomain(node_name):
         raise ConfigError(f"node name {node_name!r} is not a lowercase DNS subdomain")
 
-    vendors = _split(raw["vendors"].lower())
-    unknown = [v for v in vendors if v not in VENDOR_ORDER]
+    known = registry.names()
+    vendors = split(raw["vendors"].lower())
+    unknown = [v for v in vendors if v not in known]
     if unknown or not vendors:
         raise ConfigError(
-            f"VENDORS={raw['vendors']!r}: use a comma list of 'intel', 'nvidia' and 'amd'"
+            f"VENDORS={raw['vendors']!r}: use a comma list of " + ", ".join(f"'{v}'" for v in known)
         )
     vendors = tuple(dict.fromkeys(vendors))
-    for key in ("intel_driver_name", "nvidia_driver_name", "amd_driver_name"):
-        if not valid_driver_name(raw[key]):
-            raise ConfigError(
-                f"{key.upper()}={raw[key]!r} is not a lowercase DNS subdomain of "
-                "at most 63 characters"
-            )
-    enabled = {v: raw[f"{v}_driver_name"] for v in vendors}
+    # Every vendor's flags are checked, enabled or not: a typo must not wait for the
+    # day the vendor is switched on.
+    settings = {v.name: v.configure(raw) for v in registry.VENDORS}
+    enabled = {v: settings[v].driver_name for v in vendors}
     if len(set(enabled.values())) < len(enabled):
         raise ConfigError(
             "the enabled vendors' driver names must differ: "
@@ -179,19 +179,6 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     pod_uid = raw["pod_uid"]
     if pod_uid and not all(c.isalnum() or c == "-" for c in pod_uid):
         raise ConfigError(f"POD_UID={pod_uid!r} may only hold letters, digits and '-'")
-
-    try:
-        xids = tuple(int(x) for x in _split(raw["xid_ignore"]))
-    except ValueError:
-        raise ConfigError(
-            f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of integers"
-        ) from None
-
-    shares = {}
-    for key in ("intel_shares", "nvidia_shares", "amd_shares"):
-        shares[key] = int(_number(key.upper(), raw[key], int, 1))
-        if shares[key] > MAX_SHARES:
-            raise ConfigError(f"{key.upper()}={raw[key]!r} must be <= {MAX_SHARES}")
 
     max_version = raw["cdi_max_version"]
     parts = max_version.split(".")
@@ -207,43 +194,27 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         node_name=node_name,
         pod_uid=pod_uid,
         vendors=vendors,
-        intel_driver_name=raw["intel_driver_name"],
-        nvidia_driver_name=raw["nvidia_driver_name"],
-        amd_driver_name=raw["amd_driver_name"],
-        amd_ras_poll_seconds=float(
-            _number("AMD_RAS_POLL_SECONDS", raw["amd_ras_poll_seconds"], float, 0)
-        ),
+        vendor_settings=settings,
         registrar_dir=Path(raw["kubelet_registrar_directory_path"]),
         plugins_dir=Path(raw["kubelet_plugins_directory_path"]),
         cdi_root=Path(raw["cdi_root"]),
         cdi_max_version=max_version,
-        nvidia_driver_root=Path(raw["nvidia_driver_root"]),
-        nvidia_cdi_strategy=raw["nvidia_cdi_strategy"],
-        nvidia_toolkit_cdi_dirs=tuple(Path(p) for p in _split(raw["nvidia_toolkit_cdi_dirs"])),
         host_root=Path(raw["host_root"]),
         kubeconfig=raw["kubeconfig"],
         metrics_address=raw["metrics_address"],
-        metrics_port=int(_number("METRICS_PORT", raw["metrics_port"], int, 0)),
+        metrics_port=int(number("METRICS_PORT", raw["metrics_port"], int, 0)),
         telemetry_interval_seconds=float(
-            _number("TELEMETRY_INTERVAL_SECONDS", raw["telemetry_interval_seconds"], float, 0)
+            number("TELEMETRY_INTERVAL_SECONDS", raw["telemetry_interval_seconds"], float, 0)
         ),
         log_level=raw["log_level"],
         log_format=raw["log_format"],
         shutdown_grace_seconds=float(
-            _number("SHUTDOWN_GRACE_SECONDS", raw["shutdown_grace_seconds"], float, 0)
+            number("SHUTDOWN_GRACE_SECONDS", raw["shutdown_grace_seconds"], float, 0)
         ),
         health_check_timeout_seconds=int(
-            _number("HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)
+            number("HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)
         ),
         taint_effect=raw["taint_effect"],
-        xid_ignore=xids,
-        intel_sharing=raw["intel_sharing"],
-        intel_shares=shares["intel_shares"],
-        nvidia_sharing=raw["nvidia_sharing"],
-        nvidia_shares=shares["nvidia_shares"],
-        nvidia_shared_memory=raw["nvidia_shared_memory"] == "true",
-        amd_sharing=raw["amd_sharing"],
-        amd_shares=shares["amd_shares"],
         output=getattr(ns, "output", "table"),
     )
     if cfg.metrics_port > 65535:

@@ -17,7 +17,7 @@ from pathlib import Path
 from dra_plugin import inventory
 from dra_plugin.cdi.claims import CdiOptions
 from dra_plugin.config import Config
-from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, Health
+from dra_plugin.devices import Device, Health
 from dra_plugin.host import hotplug, udev
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.kubelet import server
@@ -28,8 +28,8 @@ from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.claimholders import ClaimHolders
 from dra_plugin.telemetry.sampler import Sampler
-from dra_plugin.vendors.amd import ras as ras_watch
-from dra_plugin.vendors.nvidia import health as gpuhealth
+from dra_plugin.vendors import registry
+from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader
 
 log = logging.getLogger(__name__)
 RESCAN_RETRY_SECONDS = 5.0
@@ -154,13 +154,15 @@ async def run(cfg: Config) -> int:
 
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
     preparers: dict[str, ClaimPreparer] = {}
-    for driver in drivers:
+    for name, driver in cfg.drivers.items():
+        vendor, settings = registry.get(name), cfg.settings(name)
         preparer = ClaimPreparer(
             driver=driver,
             node_name=cfg.node_name,
             state_dir=cfg.plugin_dir(driver),
             cdi_root=cfg.cdi_root,
-            cdi_options=CdiOptions.from_config(cfg),
+            cdi_options=CdiOptions(max_version=cfg.cdi_max_version),
+            claim_edits=lambda devs, v=vendor, s=settings: v.claim_edits(s, devs, cfg.host_root),  # type: ignore[misc]
             fetch_claim=api.get_claim,
             devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
             on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
@@ -201,31 +203,28 @@ async def run(cfg: Config) -> int:
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
     tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
-    monitors: list[hotplug.DrmMonitor | gpuhealth.NvmlHealthMonitor | ras_watch.RasWatcher] = []
-    nvml_monitor: gpuhealth.NvmlHealthMonitor | None = None
 
     def rescan() -> None:
         loop.call_soon_threadsafe(node.request_rescan)
 
-    if INTEL in cfg.vendors or AMD in cfg.vendors:
+    enabled = [registry.get(v) for v in cfg.vendors]
+    monitors: list[Monitor] = []
+    if any(v.drm_hotplug for v in enabled):  # one uevent listener for every DRM vendor
         monitors.append(hotplug.DrmMonitor(rescan))
-    if AMD in cfg.vendors:
-        amd_driver = cfg.amd_driver_name
+    by_vendor: dict[str, list[Monitor]] = {}
+    for vendor in enabled:
+        driver = cfg.settings(vendor.name).driver_name
 
-        def amd_gpus() -> set[str]:
-            return {d.pci_address for d in node.published.get(amd_driver, ()) if d.pci_address}
+        def report(device: str, h: Health, reason: str, d: str = driver) -> None:
+            loop.call_soon_threadsafe(node.report_health, d, device, h, reason)
 
-        monitors.append(ras_watch.RasWatcher(amd_gpus, rescan, cfg.amd_ras_poll_seconds))
-    if NVIDIA in cfg.vendors and node.published.get(cfg.nvidia_driver_name):
-        nv_driver = cfg.nvidia_driver_name
-
-        def on_nvml(device: str, h: Health, reason: str) -> None:
-            loop.call_soon_threadsafe(node.report_health, nv_driver, device, h, reason)
-
-        nvml_monitor = gpuhealth.NvmlHealthMonitor(
-            cfg.nvidia_driver_root, node.published[nv_driver], on_nvml, cfg.xid_ignore
+        hooks = MonitorHooks(
+            rescan=rescan,
+            report_health=report,
+            published=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
         )
-        monitors.append(nvml_monitor)
+        by_vendor[vendor.name] = vendor.monitors(cfg.settings(vendor.name), hooks)
+        monitors += by_vendor[vendor.name]
     for m in monitors:
         try:
             # In a thread: nvmlInit and event registration can be slow, and the kubelet
@@ -240,13 +239,18 @@ async def run(cfg: Config) -> int:
     sampler: Sampler | None = None
     sampler_task: asyncio.Task[None] | None = None
     if cfg.metrics_port and cfg.telemetry_interval_seconds > 0:
+        readers: dict[str, TelemetryReader] = {}
+        for vendor in enabled:
+            reader = vendor.telemetry(cfg.settings(vendor.name), by_vendor[vendor.name])
+            if reader is not None:
+                readers[vendor.name] = reader
         sampler = Sampler(
             node=cfg.node_name,
             interval=cfg.telemetry_interval_seconds,
             devices=lambda: [d for devs in node.published.values() for d in devs],
-            nvidia_driver_root=cfg.nvidia_driver_root if NVIDIA in cfg.vendors else None,
+            readers=readers,
+            kernel_labels={v.name: v.kernel_label for v in enabled},
             holders=ClaimHolders({d: cfg.plugin_dir(d) for d in drivers}, api.get_claim),
-            xid_counts=nvml_monitor.xid_counts if nvml_monitor is not None else None,
         )
         metrics.serve_telemetry(sampler.rendered)
         sampler_task = asyncio.create_task(sampler.run(), name="telemetry")

@@ -1,21 +1,20 @@
-"""What GPUs this node has, per DRA driver: udev for Intel and AMD, NVML for NVIDIA.
+"""What GPUs this node has, per DRA driver: each enabled vendor discovers its own.
 
 A vendor without devices or without its library is reported once as a note and
-skipped; the other vendors keep working.
+skipped; the other vendors keep working. Every GPU on the PCI bus that no vendor
+publishes is listed with the reason.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from dra_plugin.config import Config
-from dra_plugin.devices import AMD, INTEL, NVIDIA, Device
-from dra_plugin.host import drm as drm_discovery
+from dra_plugin.devices import Device
 from dra_plugin.host import udev
-from dra_plugin.vendors.nvidia import model as nvidia
-from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.host.drm import Unpublished
+from dra_plugin.vendors import registry
 
 log = logging.getLogger(__name__)
 
@@ -24,47 +23,64 @@ log = logging.getLogger(__name__)
 class Inventory:
     devices: dict[str, tuple[Device, ...]]  # driver name -> devices, sorted by name
     notes: tuple[str, ...] = ()  # one line per vendor problem, for logs and `discover`
-    skipped: tuple[drm_discovery.SkippedCard, ...] = ()
+    skipped: tuple[Unpublished, ...] = ()
 
     @property
     def count(self) -> int:
         return sum(len(d) for d in self.devices.values())
 
 
-_EMPTY_NOTES = {
-    INTEL: "intel: no Intel GPU bound to i915 or xe found under /sys/class/drm",
-    AMD: "amd: no AMD GPU bound to amdgpu found under /sys/class/drm",
-}
+class _Scan:
+    """The udev snapshot, taken on first use and shared by every vendor of one pass."""
+
+    def __init__(self) -> None:
+        self.result: udev.UdevScan | udev.DiscoveryError | None = None
+
+    def __call__(self) -> udev.UdevScan:
+        if self.result is None:
+            classes = {v.pci_vendor_id: v.pci_classes for v in registry.VENDORS}
+            try:
+                self.result = udev.scan(classes)
+            except udev.DiscoveryError as exc:
+                self.result = exc
+        if isinstance(self.result, udev.DiscoveryError):
+            raise self.result
+        return self.result
 
 
 def discover(cfg: Config) -> Inventory:
     devices: dict[str, tuple[Device, ...]] = {}
     notes: list[str] = []
-    skipped: tuple[drm_discovery.SkippedCard, ...] = ()
-    drm_vendors = [v for v in (INTEL, AMD) if v in cfg.vendors]
-    if drm_vendors:
-        names = {v: cfg.drivers[v] for v in drm_vendors}
+    skipped: list[Unpublished] = []
+    scan = _Scan()
+    for name in cfg.vendors:
+        vendor = registry.get(name)
+        settings = cfg.settings(name)
         try:
-            drm = drm_discovery.discover_drm(
-                names.get(INTEL), names.get(AMD), host_root=cfg.host_root
-            )
+            found = vendor.discover(settings, scan, cfg.host_root)
         except udev.DiscoveryError as exc:
-            for vendor, driver in names.items():
-                notes.append(f"{vendor}: udev discovery failed: {exc}")
-                devices[driver] = ()
-        else:
-            skipped = drm.skipped
-            for vendor, driver in names.items():
-                devices[driver] = drm.of(driver)
-                if not devices[driver]:
-                    notes.append(_EMPTY_NOTES[vendor])
-    if NVIDIA in cfg.vendors:
-        nv = nvml.discover_nvidia(cfg.nvidia_driver_root, cfg.nvidia_driver_name)
-        devs = nvidia.with_numa_nodes(nv.devices, Path("/sys"))
-        devices[cfg.nvidia_driver_name] = tuple(sorted(devs, key=lambda d: d.name))
-        if nv.error:
-            notes.append(f"nvidia: {nv.error}")
-        elif not nv.devices:
-            notes.append("nvidia: NVML works but reports no GPUs")
-    ordered = {cfg.drivers[v]: devices[cfg.drivers[v]] for v in cfg.vendors}
-    return Inventory(devices=ordered, notes=tuple(notes), skipped=skipped)
+            notes.append(f"{name}: udev discovery failed: {exc}")
+            devices[settings.driver_name] = ()
+            continue
+        devices[settings.driver_name] = found.devices
+        notes += found.notes
+        skipped += found.unpublished
+    if isinstance(scan.result, udev.UdevScan):
+        # GPUs of vendors that are not enabled (or publish through another path).
+        told = {s.pci_address for s in skipped}
+        published = {d.pci_address for devs in devices.values() for d in devs}
+        for gpu in scan.result.gpus:
+            if gpu.pci_address in told or gpu.pci_address in published:
+                continue
+            owner = registry.by_pci_vendor(gpu.vendor_id)
+            reason = (
+                owner.not_published(gpu.driver)
+                if owner is not None
+                else f"{gpu.vendor_id} GPU: no vendor of this plugin handles it"
+            )
+            skipped.append(Unpublished.of(gpu, reason))
+    return Inventory(
+        devices=devices,
+        notes=tuple(notes),
+        skipped=tuple(sorted(skipped, key=lambda s: s.pci_address)),
+    )

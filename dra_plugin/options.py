@@ -1,21 +1,22 @@
-"""The command line: every flag, its environment twin, default and help, in one table.
+"""Flags: the `Option` record, the vendor-neutral flag tables, and value checks.
 
-`config.parse` reads argv and the environment through this table; the chart consistency
-test and `--help` read it too. Nothing here validates values beyond their choices.
+Every flag has an environment twin. Vendors declare their own options (vendors/*/settings.py)
+with the same record; `config.parse` reads argv and the environment through all of them,
+and the chart consistency test and `--help` read them too.
 """
 
 from __future__ import annotations
 
-import argparse
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dra_plugin.sharing import EXCLUSIVE, MODES
-
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
-CDI_STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-# XIDs caused by applications (not the hardware): the vendor drivers ignore them too.
-DEFAULT_XID_IGNORE = (13, 31, 43, 45, 68, 109)
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the CLI prints it and exits with status 2."""
 
 
 @dataclass(frozen=True)
@@ -27,37 +28,13 @@ class Option:
     choices: tuple[str, ...] | None = None
 
 
-_COMMON = (
+COMMON = (
     Option("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", ""),
     Option(
         "--vendors",
         "VENDORS",
         "comma-separated vendors to enable (intel,nvidia,amd)",
         "intel,nvidia",
-    ),
-    Option(
-        "--intel-driver-name",
-        "INTEL_DRIVER_NAME",
-        "DRA driver name for Intel GPUs",
-        "gpu.intel.com",
-    ),
-    Option(
-        "--nvidia-driver-name",
-        "NVIDIA_DRIVER_NAME",
-        "DRA driver name for NVIDIA GPUs",
-        "gpu.nvidia.com",
-    ),
-    Option(
-        "--amd-driver-name",
-        "AMD_DRIVER_NAME",
-        "DRA driver name for AMD GPUs",
-        "gpu.amd.com",
-    ),
-    Option(
-        "--nvidia-driver-root",
-        "NVIDIA_DRIVER_ROOT",
-        "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)",
-        "/",
     ),
     Option(
         "--host-root", "HOST_ROOT", "root of the host filesystem (doctor reads /proc, /etc)", "/"
@@ -67,7 +44,7 @@ _COMMON = (
     Option("--log-format", "LOG_FORMAT", "log format", "text", ("text", "json")),
 )
 
-_RUN = (
+RUN = (
     Option("--pod-uid", "POD_UID", "pod UID; enables rolling-update socket names", ""),
     Option(
         "--kubelet-registrar-directory-path",
@@ -87,19 +64,6 @@ _RUN = (
         "CDI_MAX_VERSION",
         "highest cdiVersion to write (containerd 2.0.0-2.0.4 reject newer than 0.8.0)",
         "0.8.0",
-    ),
-    Option(
-        "--nvidia-cdi-strategy",
-        "NVIDIA_CDI_STRATEGY",
-        "how NVIDIA userspace reaches containers",
-        "auto",
-        CDI_STRATEGIES,
-    ),
-    Option(
-        "--nvidia-toolkit-cdi-dirs",
-        "NVIDIA_TOOLKIT_CDI_DIRS",
-        "comma-separated dirs searched for the NVIDIA toolkit's CDI spec",
-        "/var/cdi/static,/var/run/cdi,/etc/cdi",
     ),
     Option("--metrics-address", "METRICS_ADDRESS", "metrics/healthz listen address", "0.0.0.0"),
     Option("--metrics-port", "METRICS_PORT", "metrics/healthz port (0 disables)", "8080"),
@@ -128,85 +92,30 @@ _RUN = (
         "NoSchedule",
         TAINT_EFFECTS,
     ),
-    Option(
-        "--amd-ras-poll-seconds",
-        "AMD_RAS_POLL_SECONDS",
-        "how often AMD RAS error counters are read (0 disables)",
-        "10",
-    ),
-    Option(
-        "--intel-sharing",
-        "INTEL_SHARING",
-        "exclusive: one claim per Intel GPU; shared: several claims share one (consumable "
-        "capacity, Kubernetes 1.34+ with DRAConsumableCapacity)",
-        EXCLUSIVE,
-        MODES,
-    ),
-    Option("--intel-shares", "INTEL_SHARES", "shares per Intel GPU when shared", "8"),
-    Option(
-        "--nvidia-sharing",
-        "NVIDIA_SHARING",
-        "exclusive: one claim per NVIDIA GPU; shared: several claims share one",
-        EXCLUSIVE,
-        MODES,
-    ),
-    Option("--nvidia-shares", "NVIDIA_SHARES", "shares per NVIDIA GPU when shared", "8"),
-    Option(
-        "--amd-sharing",
-        "AMD_SHARING",
-        "exclusive: one claim per AMD GPU or partition; shared: several claims share one",
-        EXCLUSIVE,
-        MODES,
-    ),
-    Option("--amd-shares", "AMD_SHARES", "shares per AMD GPU or partition when shared", "8"),
-    Option(
-        "--nvidia-shared-memory",
-        "NVIDIA_SHARED_MEMORY",
-        "shared NVIDIA GPUs also publish memory as consumable capacity (booked by the "
-        "scheduler, not enforced on the GPU)",
-        "false",
-        ("true", "false"),
-    ),
-    Option(
-        "--xid-ignore",
-        "NVIDIA_XID_IGNORE",
-        "comma-separated XIDs that do not mark a GPU unhealthy",
-        ",".join(str(x) for x in DEFAULT_XID_IGNORE),
-    ),
 )
 
-COMMANDS: dict[str, tuple[str, tuple[Option, ...]]] = {
-    "run": ("run the kubelet plugin daemon", _COMMON + _RUN),
-    "discover": (
-        "print the GPUs found on this node and the ResourceSlices run would publish",
-        _COMMON + _RUN,
-    ),
-    "doctor": ("check this node for GPU, driver, CDI and kubelet problems", _COMMON + _RUN),
-}
+
+def number(name: str, raw: str, kind: type[int] | type[float], low: float) -> int | float:
+    """`raw` as a finite int/float >= low, or a ConfigError naming the setting."""
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # nan would pass every comparison, inf overflows waits
+        raise ConfigError(f"{name}={raw!r} is not a finite number")
+    if value < low:
+        raise ConfigError(f"{name}={raw!r} must be >= {low}")
+    return value
 
 
-def all_options() -> dict[str, str]:
-    """Flag -> env twin for every command (used by the chart consistency test)."""
-    return {o.flag: o.env for _, opts in COMMANDS.values() for o in opts}
+def split(value: str) -> tuple[str, ...]:
+    """A comma list, blanks dropped."""
+    return tuple(p.strip() for p in value.split(",") if p.strip())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dra-plugin",
-        description="Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs. "
-        "Every flag can also be set by the environment variable shown in brackets.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, (help_text, opts) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        for o in opts:
-            p.add_argument(
-                o.flag,
-                default=None,
-                choices=o.choices,
-                help=f"{o.help} [{o.env}, default {o.default!r}]",
-            )
-        if name in ("discover", "doctor"):
-            choices = ("table", "json", "yaml") if name == "discover" else ("table", "json")
-            p.add_argument("-o", "--output", default="table", choices=choices, help="output format")
-    return parser
+def attr_name(option: Option) -> str:
+    """The key of an option's value in the parsed raw mapping (`--node-name` -> node_name)."""
+    return option.flag.lstrip("-").replace("-", "_")
+
+
+Raw = Mapping[str, str]

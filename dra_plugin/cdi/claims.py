@@ -1,10 +1,11 @@
-"""CDI specs for prepared claims: naming, pure rendering per vendor, and the spec files'
-side effects (atomic write, remove, list, GC). The specification's own rules (versions,
-validation) are in cdispec.py; how NVIDIA userspace reaches containers is cdi_nvidia.py's.
+"""CDI specs for prepared claims: naming, pure rendering, and the spec files' side
+effects (atomic write, remove, list, GC). The specification's own rules (versions,
+validation) are in rules.py; what a device injects is its vendor's (`ClaimEdits`, from
+the vendor's `claim_edits` hook).
 
 One spec file per claim: kind `k8s.<driver>/claim`, one CDI device `<claimUID>-<device>`
 per allocated device, file `k8s.<driver>-claim_<claimUID>.json`. Nodes every container
-of a claim needs once (NVIDIA's control nodes, AMD's /dev/kfd) go to the spec-wide edits.
+of a claim needs once (a vendor's control nodes) go to the spec-wide edits.
 """
 
 from __future__ import annotations
@@ -14,41 +15,46 @@ import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dra_plugin.cdi.rules import EARLIEST_VERSION, required_version, validate_spec, version_key
-from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, DeviceNode, is_dns_label
-from dra_plugin.kubelet.checkpoint import atomic_write
-from dra_plugin.vendors.nvidia.cdi import (
-    CONTROL_NODES,
-    MOUNT_OPTIONS,
-    STRATEGIES,
-    TOOLKIT_KIND,
-    CdiError,
-    CdiOptions,
-    NvidiaPlan,
-    plan_nvidia,
-    toolkit_devices,
-)
-
-# Re-exported: claims.py and the tests know them as cdi.<name>.
-__all__ = [
-    "STRATEGIES",
-    "TOOLKIT_KIND",
-    "CdiError",
-    "CdiOptions",
-    "NvidiaPlan",
-    "RenderedSpec",
-    "plan_nvidia",
-    "toolkit_devices",
-]
+from dra_plugin.devices import Device, DeviceNode, is_dns_label
+from dra_plugin.host.files import atomic_write
 
 log = logging.getLogger(__name__)
 
 CLAIM_CLASS = "claim"
 SPEC_MODE = 0o644
+
+
+class CdiError(Exception):
+    """A spec cannot be rendered or written; the message says which claim/device and why."""
+
+
+@dataclass(frozen=True)
+class CdiOptions:
+    max_version: str = "0.8.0"  # containerd 2.0.0-2.0.4 reject newer
+
+
+@dataclass(frozen=True)
+class ClaimEdits:
+    """What a vendor adds to one claim's spec (vendors.base.Vendor.claim_edits)."""
+
+    nodes: Mapping[str, tuple[DeviceNode, ...]]  # device name -> its device nodes
+    extra_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # more CDI ids
+    spec_edits: Mapping[str, Any] = field(default_factory=dict)  # spec-wide containerEdits
+    shared_nodes: tuple[DeviceNode, ...] = ()  # nodes every container of the claim gets once
+
+
+def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
+    """The edits of vendors whose devices carry all their nodes (DRM GPUs)."""
+    shared = {n.path: n for d in devices for n in d.shared_nodes}
+    return ClaimEdits(
+        nodes={d.name: d.nodes for d in devices},
+        shared_nodes=tuple(n for _, n in sorted(shared.items())),
+    )
 
 
 # --- naming --------------------------------------------------------------------------
@@ -100,62 +106,35 @@ def _node(n: DeviceNode) -> dict[str, Any]:
     return out
 
 
-def _nvidia_nodes(dev: Device) -> tuple[DeviceNode, ...]:
-    if dev.nodes:
-        return tuple(n for n in dev.nodes if n.path not in CONTROL_NODES)
-    minor = dev.extra_value("minor") or dev.name.removeprefix("gpu-")
-    if not minor.isdigit():
-        raise CdiError(f"device {dev.name}: NVIDIA minor number unknown")
-    return (DeviceNode(f"/dev/nvidia{minor}", 195, int(minor)),)
-
-
 def render_claim_spec(
     driver: str,
     claim_uid: str,
     devices: Sequence[Device],
     *,
     max_version: str,
-    nvidia: NvidiaPlan | None = None,
+    edits: ClaimEdits | None = None,
 ) -> RenderedSpec:
-    """The claim's spec and CDI ids. Raises CdiError naming the device or version problem."""
+    """The claim's spec and CDI ids (`edits` default: the devices' own nodes). Raises
+    CdiError naming the device or version problem."""
+    edits = edits if edits is not None else device_node_edits(devices)
     file_name = spec_file_name(driver, claim_uid)
     cdi_devices: list[dict[str, Any]] = []
     ids: dict[str, tuple[str, ...]] = {}
-    spec_edits: dict[str, Any] = {}
-    shared: dict[str, DeviceNode] = {}
+    spec_edits: dict[str, Any] = {k: list(v) for k, v in edits.spec_edits.items()}
     for dev in devices:
-        if dev.vendor == NVIDIA:
-            if nvidia is None:
-                raise CdiError(f"device {dev.name}: no NVIDIA userspace plan")
-            nodes = _nvidia_nodes(dev)
-            spec_edits["deviceNodes"] = [{"path": p, "type": "c"} for p in CONTROL_NODES]
-            extra: tuple[str, ...] = ()
-            if nvidia.strategy == "toolkit":
-                extra = (f"{TOOLKIT_KIND}={dev.uuid or dev.name}",)
-            elif nvidia.strategy == "host-libs":
-                spec_edits["mounts"] = [
-                    {"hostPath": h, "containerPath": c, "options": list(MOUNT_OPTIONS)}
-                    for h, c in nvidia.mounts
-                ]
-                if nvidia.hooks:
-                    spec_edits["hooks"] = [
-                        {"hookName": "createContainer", "path": p, "args": list(a)}
-                        for p, a in nvidia.hooks
-                    ]
-        elif dev.vendor in (INTEL, AMD):
-            nodes, extra = dev.nodes, ()
-            shared.update((n.path, n) for n in dev.shared_nodes)
-        else:
-            raise CdiError(f"device {dev.name}: unknown vendor {dev.vendor!r}")
+        nodes = edits.nodes.get(dev.name, ())
         if not nodes:
             raise CdiError(f"device {dev.name}: no device nodes to inject")
         name = device_name(claim_uid, dev.name)
         cdi_devices.append(
             {"name": name, "containerEdits": {"deviceNodes": [_node(n) for n in nodes]}}
         )
-        ids[dev.name] = (qualified_id(driver, claim_uid, dev.name), *extra)
-    if shared:
-        spec_edits.setdefault("deviceNodes", []).extend(_node(n) for _, n in sorted(shared.items()))
+        ids[dev.name] = (
+            qualified_id(driver, claim_uid, dev.name),
+            *edits.extra_ids.get(dev.name, ()),
+        )
+    if edits.shared_nodes:
+        spec_edits.setdefault("deviceNodes", []).extend(_node(n) for n in edits.shared_nodes)
     spec: dict[str, Any] = {
         "cdiVersion": EARLIEST_VERSION,
         "kind": kind(driver),

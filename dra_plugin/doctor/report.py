@@ -1,8 +1,9 @@
 """`dra-plugin doctor`: explain, on one node, why GPUs do not reach pods.
 
-The checks read the host through `cfg.host_root` (hostview.py): the node's GPUs, links,
-modules, device nodes and NVML (nodecheck.py), the CDI dir and containerd's CDI config
-(containerd.py); here the kubelet dirs, the API and RBAC, and the report.
+The checks read the host through `cfg.host_root` (host/hostview.py): the node's GPUs and
+links (nodecheck.py), each vendor's modules, device nodes and libraries (vendors/*/doctor.py),
+the CDI dir and containerd's CDI config (containerd.py); here the kubelet dirs, the API and
+RBAC, and the report.
 
 Every finding is one line, `STATUS check: what was found — what to do`, optionally followed
 by an indented snippet to paste (a Talos machine-config patch, a containerd drop-in).
@@ -20,15 +21,10 @@ from typing import Any, Protocol, TypeVar
 from dra_plugin.config import Config
 from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
 from dra_plugin.doctor.findings import Finding, Report, Status
-from dra_plugin.doctor.nodecheck import (
-    check_device_nodes,
-    check_links,
-    check_modules,
-    check_nvml,
-    check_pci,
-)
+from dra_plugin.doctor.nodecheck import check_links, check_modules, check_pci
 from dra_plugin.host.hostview import Host
-from dra_plugin.vendors.amd.doctor import check_amd
+from dra_plugin.vendors import registry
+from dra_plugin.vendors.base import DoctorContext
 
 _T = TypeVar("_T")
 
@@ -175,13 +171,31 @@ def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
     loaded = host.modules()
     gpus = host.gpus()
     bus = gpus or []
+    vendor_findings: list[Finding] = []
+    for vendor in registry.VENDORS:
+        ctx = DoctorContext(host, bus, loaded, talos, enabled=vendor.name in cfg.vendors)
+        vendor_findings += vendor.doctor(cfg.settings(vendor.name), ctx)
+    pci = check_pci(cfg, host, gpus, loaded)
+    if any(f.check == "pci" and f.status is Status.FAIL for f in vendor_findings):
+        # A vendor explained the empty bus (a card its module cannot see): no generic WARN.
+        pci = [
+            f for f in pci if f.status is not Status.WARN or "nothing for the plugin" not in f.found
+        ]
+    seen = {f.check for f in vendor_findings}
+    fallbacks = []
+    if loaded is not None and "kernel-modules" not in seen:
+        fallbacks.append(Finding(Status.PASS, "kernel-modules", "no GPU on the bus needs a module"))
+    if "device-nodes" not in seen:
+        fallbacks.append(
+            Finding(Status.PASS, "device-nodes", "no GPU bound to a driver; nothing to check")
+        )
     findings = [
-        *check_pci(cfg, host, gpus, loaded),
+        *pci,
+        *(f for f in vendor_findings if f.check == "pci"),
         *check_links(bus),
-        *check_modules(host, bus, loaded, talos),
-        *check_amd(cfg, host, bus, loaded, talos),
-        *check_device_nodes(host, bus),
-        *check_nvml(cfg, host, bus, loaded),
+        *check_modules(host, loaded),
+        *(f for f in vendor_findings if f.check != "pci"),
+        *fallbacks,
         check_cdi_dir(cfg, host),
         *check_containerd(cfg, host, talos),
         *_check_kubelet_dirs(cfg, host),

@@ -174,3 +174,6 @@ class SysfsGpuReader:
 
     def forget(self, device: str) -> None:
         self._hwmon.forget(device)
+
+    def close(self) -> None:
+        """Nothing to release: only plain file reads."""

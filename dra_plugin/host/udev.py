@@ -1,10 +1,10 @@
 """libudev access: the only module that imports pyudev.
 
-`scan()` takes one snapshot of what the vendor discovery modules (intel_gpus.py,
-amd_gpus.py, combined in drm_discovery.py) need: the display and accelerator PCI
+`scan()` takes one snapshot of what the vendors' DRM discovery (vendors/*/devices.py)
+needs: the display and accelerator PCI
 functions of GPU vendors, their DRM `cardN`/`renderDN` minors, AMD's platform partition
 devices (`amdgpu_xcp_*`) and the KFD node (`/dev/kfd`). The uevent sockets the hotplug
-monitor (hotplug.py) listens on are opened and drained here too.
+monitor (host/hotplug.py) listens on are opened and drained here too.
 
 Only libudev and sysfs are read: nothing opens /dev/dri, so discovery needs no DRM
 permissions and cannot wedge on a hung GPU. `attr`/`int_attr` read further sysfs files
@@ -32,10 +32,9 @@ from dra_plugin.devices import (
 
 log = logging.getLogger(__name__)
 
-INTEL_VENDOR = "0x8086"
-NVIDIA_VENDOR = "0x10de"
-AMD_VENDOR = "0x1002"
-VENDOR_NAMES = {INTEL_VENDOR: "Intel", NVIDIA_VENDOR: "NVIDIA", AMD_VENDOR: "AMD"}
+# PCI vendor ID -> the class prefixes of its GPUs (display 0x03, accelerators 0x12), as
+# the vendor registry declares them; the scan keeps only these functions.
+GpuClasses = Mapping[str, tuple[str, ...]]
 DRM_MAJOR = 226
 DEV_DRI = "/dev/dri"
 _CARD = re.compile(r"^card(\d+)$")
@@ -74,10 +73,6 @@ class PciGpu:
     link: PcieLink
     sys_path: str
     revision: str | None = None  # "0xc8"
-
-    @property
-    def vendor_name(self) -> str:
-        return VENDOR_NAMES.get(self.vendor_id, self.vendor_id)
 
     def placement_attributes(self) -> dict[str, int | str | None]:
         """Where the function sits, the same for every vendor: the standard PCI bus ID,
@@ -154,15 +149,11 @@ def pcie_link_generation(speed: str | None) -> int | None:
         return None
 
 
-def _is_gpu_class(vendor: str, class_id: str) -> bool:
-    return class_id.startswith("0x03") or (vendor == AMD_VENDOR and class_id.startswith("0x12"))
-
-
-def _pci_gpu(pci: pyudev.Device) -> PciGpu | None:
+def _pci_gpu(pci: pyudev.Device, classes: GpuClasses) -> PciGpu | None:
     path = pci.sys_path
     class_id = (attr(path, "class") or "").lower()
     vendor = (attr(path, "vendor") or "").lower()
-    if vendor not in VENDOR_NAMES or not _is_gpu_class(vendor, class_id):
+    if not any(class_id.startswith(c) for c in classes.get(vendor, ())):
         return None
     speed, max_speed = attr(path, "current_link_speed"), attr(path, "max_link_speed")
     return PciGpu(
@@ -222,8 +213,9 @@ def _kfd(ctx: pyudev.Context) -> tuple[DeviceNode | None, str | None]:
     return None, None
 
 
-def scan() -> UdevScan:
-    """One snapshot of the node's GPU PCI functions, DRM minors, partitions and KFD.
+def scan(classes: GpuClasses) -> UdevScan:
+    """One snapshot of the node's GPU PCI functions (of the vendors and classes in
+    `classes`), DRM minors, partitions and KFD.
 
     Raises DiscoveryError only when libudev itself is unusable.
     """
@@ -231,7 +223,9 @@ def scan() -> UdevScan:
     try:
         minors, partitions = _drm_minors(ctx)
         gpus = tuple(
-            gpu for pci in ctx.list_devices(subsystem="pci") if (gpu := _pci_gpu(pci)) is not None
+            gpu
+            for pci in ctx.list_devices(subsystem="pci")
+            if (gpu := _pci_gpu(pci, classes)) is not None
         )
         kfd, kfd_path = _kfd(ctx)
     except (OSError, pyudev.DeviceNotFoundError) as exc:

@@ -26,13 +26,14 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from dra_plugin.host.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -50,37 +51,6 @@ STATES = (STARTED, COMPLETED, UNPREPARING)
 
 class CheckpointError(Exception):
     """The checkpoint file is corrupt, foreign, or unreadable; the message says which."""
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
-    """Temp file in the same dir, fsync, rename over `path`, fsync the dir.
-
-    `durable=False` skips both fsyncs: the rename is still atomic for any process crash,
-    only a power loss may bring back the previous version.
-    """
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        try:
-            os.fchmod(fd, mode)  # the umask must not decide what the runtime can read
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if not durable:
-        return
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def read_boot_id(path: Path = BOOT_ID_PATH) -> str:

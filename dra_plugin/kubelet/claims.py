@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.devices import NVIDIA, Device
+from dra_plugin.devices import Device
 from dra_plugin.kubeapi import ApiError, NotFoundError
 from dra_plugin.kubelet import recovery
 from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 FETCH_CONCURRENCY = 8
 FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+# What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
+ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
 
 
 class ClaimPreparer:
@@ -88,6 +90,7 @@ class ClaimPreparer:
         fetch_claim: FetchClaim,
         devices: Callable[[], Mapping[str, Device]],
         cdi_options: cdi.CdiOptions | None = None,
+        claim_edits: ClaimEditor | None = None,
         on_step: Callable[[str], None] | None = None,
         on_held: Callable[[set[str]], None] | None = None,
         boot_id: Callable[[], str] = read_boot_id,
@@ -97,6 +100,7 @@ class ClaimPreparer:
         self.node_name = node_name
         self.cdi_root = cdi_root
         self.options = cdi_options or cdi.CdiOptions()
+        self._claim_edits = claim_edits or cdi.device_node_edits
         self._fetch = fetch_claim
         self._devices = devices
         self._on_step = on_step
@@ -104,7 +108,6 @@ class ClaimPreparer:
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
         self._lock = asyncio.Lock()
-        self._plan_reason = ""
         self.held: set[str] = set()
 
     # --- public ----------------------------------------------------------------------
@@ -208,24 +211,13 @@ class ClaimPreparer:
         got = await asyncio.gather(*(one(r) for r in refs))
         return {r.uid: g for r, g in zip(refs, got, strict=True)}
 
-    def _plan(self, devices: Iterable[Device]) -> cdi.NvidiaPlan | None:
-        uuids = [d.uuid or d.name for d in devices if d.vendor == NVIDIA]
-        if not uuids:
-            return None
-        plan = cdi.plan_nvidia(self.options, uuids)
-        if plan.reason != self._plan_reason:
-            self._plan_reason = plan.reason
-            level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
-            log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
-        return plan
-
     def _render(self, uid: str, devices: Sequence[Device]) -> cdi.RenderedSpec:
         unique = list({d.name: d for d in devices}.values())
         return cdi.render_claim_spec(
             self.driver,
             uid,
             unique,
-            nvidia=self._plan(unique),
+            edits=self._claim_edits(unique),
             max_version=self.options.max_version,
         )
 

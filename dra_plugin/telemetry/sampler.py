@@ -6,8 +6,9 @@ with the scrape path). The hardware is read only here, once per interval, so an 
 GPU is not woken more often than the interval says, however often Prometheus scrapes.
 
 A device that fails to answer (a GPU fallen off the bus, a card unplugged) is reported
-with `up` 0 and no values for that pass; its NVML handle is looked up again next pass.
-The health monitors decide what the failure means for scheduling.
+with `up` 0 and no values for that pass; its vendor's reader forgets what it kept for it
+(handles, energy counters). The health monitors decide what the failure means for
+scheduling. Each vendor brings its reader (vendors/*/telemetry.py); this module names none.
 """
 
 from __future__ import annotations
@@ -19,21 +20,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar
 
-from dra_plugin.devices import AMD, INTEL, NVIDIA, PCI_BUS_ID, Device
+from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.telemetry import catalogue as t
 from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.claimholders import ClaimHolders
-from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
-from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
-from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.vendors.base import ReadError, TelemetryReader
 
 log = logging.getLogger(__name__)
 
-_KERNEL_DRIVER = {NVIDIA: "nvidia", AMD: "amdgpu"}  # Intel devices carry i915/xe
-XidCounts = Callable[[], Mapping[tuple[str, int], int]]
 T = TypeVar("T")
 
 
@@ -59,7 +55,7 @@ async def _on_daemon_thread(fn: Callable[[], T]) -> T:
     return await fut
 
 
-def identity(device: Device) -> t.DeviceIdentity:
+def identity(device: Device, kernel_label: str = "") -> t.DeviceIdentity:
     attrs = device.attrs
     model = attrs.get("productName") or attrs.get("model") or ""
     return t.DeviceIdentity(
@@ -69,7 +65,7 @@ def identity(device: Device) -> t.DeviceIdentity:
         model=str(model),
         vendor=device.vendor,
         uuid=device.uuid or "",
-        kernel_driver=str(attrs.get("driver") or _KERNEL_DRIVER.get(device.vendor, "")),
+        kernel_driver=str(attrs.get("driver") or kernel_label),
     )
 
 
@@ -80,21 +76,16 @@ class Sampler:
         node: str,
         interval: float,
         devices: Callable[[], Sequence[Device]],
-        nvidia_driver_root: Path | None = None,
-        sysfs_root: Path = Path("/sys"),
+        readers: Mapping[str, TelemetryReader],
+        kernel_labels: Mapping[str, str] | None = None,
         holders: ClaimHolders | None = None,
-        xid_counts: XidCounts | None = None,
     ) -> None:
         self._node = node
         self._interval = interval
         self._devices = devices
-        self._driver_root = nvidia_driver_root
-        self._intel = IntelSysfsReader(sysfs_root)
-        self._amd = AmdSysfsReader(sysfs_root)
+        self._readers = dict(readers)  # vendor name -> its reader
+        self._kernel_labels = dict(kernel_labels or {})
         self._holders = holders
-        self._xid_counts = xid_counts
-        self._nvml_ready = False
-        self._handles: dict[str, nvml.Handle] = {}
         self._failing: dict[str, str] = {}  # device -> last error (logged once per change)
         self._stop = asyncio.Event()
         # What a scrape serves: the snapshot and its rendering, swapped as one reference.
@@ -149,13 +140,13 @@ class Sampler:
 
     def sample_devices(self, devices: Sequence[Device]) -> t.Snapshot:
         wall, started = time.time(), time.monotonic()
-        xids = self._xid_counts() if self._xid_counts is not None else {}
         samples = []
         for device in devices:
-            ident = identity(device)
+            ident = identity(device, self._kernel_labels.get(device.vendor, ""))
+            reader = self._readers.get(device.vendor)
             try:
-                readings = self._read(device, time.monotonic())
-            except (nvml.NvmlError, OSError) as exc:
+                readings = reader.read(device, time.monotonic()) if reader is not None else []
+            except (ReadError, OSError) as exc:
                 self._note_failure(device, str(exc))
                 samples.append(t.DeviceSample(ident, up=False))
                 continue
@@ -166,11 +157,6 @@ class Sampler:
                 continue
             if self._failing.pop(device.name, None) is not None:
                 log.info("telemetry: device answers again device=%s", device.name)
-            readings += [
-                t.Reading(t.XID_ERRORS, float(n), (str(xid),))
-                for (name, xid), n in sorted(xids.items())
-                if name == device.name
-            ]
             samples.append(t.DeviceSample(ident, up=True, readings=tuple(readings)))
         names = {d.name for d in devices}
         for gone in [n for n in self._failing if n not in names]:
@@ -182,42 +168,17 @@ class Sampler:
             duration_seconds=time.monotonic() - started,
         )
 
-    def _read(self, device: Device, now: float) -> list[t.Reading]:
-        if device.vendor == INTEL:
-            return self._intel.read(device, now)
-        if device.vendor == AMD:
-            return self._amd.read(device, now)
-        if device.vendor == NVIDIA:
-            if device.extra_value("parentUUID") or not device.uuid:
-                return []  # MIG devices: NVML reports most values per GPU only
-            return nvml.read_gpu(self._handle(device.uuid))
-        return []
-
-    def _handle(self, uuid: str) -> nvml.Handle:
-        if not self._nvml_ready:
-            if self._driver_root is None:
-                raise nvml.NvmlError("NVML telemetry is not configured")
-            nvml.init(self._driver_root)
-            self._nvml_ready = True
-        h = self._handles.get(uuid)
-        if h is None:
-            h = self._handles[uuid] = nvml.handle_by_uuid(uuid)
-        return h
-
     def _note_failure(self, device: Device, error: str) -> None:
-        if device.uuid:  # a reset GPU may come back with a new handle: look it up again
-            self._handles.pop(device.uuid, None)
-        self._intel.forget(device.name)
-        self._amd.forget(device.name)
+        reader = self._readers.get(device.vendor)
+        if reader is not None:  # e.g. a reset GPU comes back with a new NVML handle
+            reader.forget(device.name)
         if self._failing.get(device.name) != error:
             log.warning("telemetry: device not read device=%s error=%s", device.name, error)
         self._failing[device.name] = error
 
     def close(self) -> None:
-        if self._nvml_ready:
-            self._nvml_ready = False
-            self._handles.clear()
+        for vendor, reader in self._readers.items():
             try:
-                nvml.shutdown()
-            except nvml.NvmlError as exc:
-                log.warning("telemetry: NVML shutdown failed error=%s", exc)
+                reader.close()
+            except (ReadError, OSError) as exc:
+                log.warning("telemetry: closing the %s reader failed error=%s", vendor, exc)

@@ -1,1 +1,3 @@
-"""vendors"""
+"""GPU vendors: the interface the core uses (base.py), the registry listing them
+(registry.py), and one folder per vendor (intel/, nvidia/, amd/) holding everything
+vendor-specific. Vendor folders never import each other; what they share is in host/."""

@@ -75,9 +75,9 @@ def test_the_plugin_accepts_the_chart_environment(
     assert cfg.cdi_max_version == values["cdi"]["maxVersion"]
     assert cfg.shutdown_grace_seconds == values["shutdownGraceSeconds"]
     if "nvidia" in enabled:
-        assert cfg.nvidia_cdi_strategy == values["nvidia"]["cdiStrategy"]
+        assert cfg.settings("nvidia").cdi_strategy == values["nvidia"]["cdiStrategy"]
     if "amd" in enabled:
-        assert cfg.amd_ras_poll_seconds == values["amd"]["rasPollSeconds"]
+        assert cfg.settings("amd").ras_poll_seconds == values["amd"]["rasPollSeconds"]
     for vendor in enabled:
         want = values[vendor]["sharing"]
         got = cfg.sharing(vendor)
@@ -116,19 +116,19 @@ def test_discovery_and_driver_mounts(value_set: str | None, rendered: list[Manif
     assert mounts["/run/udev"] == ("/run/udev", True)
     assert mounts["/tmp"] == (None, False)  # writable scratch on a read-only root
     if "nvidia" in cfg.vendors:
-        for directory in cfg.nvidia_toolkit_cdi_dirs:
+        for directory in cfg.settings("nvidia").toolkit_cdi_dirs:
             mount, host, _ = _covering_mount(directory, mounts)
             assert mount == host == str(directory)
         expected = {str(PurePosixPath(d)) for d in values["nvidia"]["toolkitCdiDirs"]}
-        assert {str(d) for d in cfg.nvidia_toolkit_cdi_dirs} == expected
+        assert {str(d) for d in cfg.settings("nvidia").toolkit_cdi_dirs} == expected
         root = values["nvidia"]["driverRoot"]
         if root == "/":
             # Read through the host root; the plugin sees the host's / at HOST_ROOT.
-            assert cfg.nvidia_driver_root == cfg.host_root
+            assert cfg.settings("nvidia").driver_root == cfg.host_root
         elif root:
             # Mounted at its host path, so CDI specs name host paths.
-            assert mounts[str(cfg.nvidia_driver_root)] == (root, True)
-            assert str(cfg.nvidia_driver_root) == root
+            assert mounts[str(cfg.settings("nvidia").driver_root)] == (root, True)
+            assert str(cfg.settings("nvidia").driver_root) == root
         else:
             assert "NVIDIA_DRIVER_ROOT" not in _env(rendered)
     host_root = values["hostRoot"]["mount"]

@@ -17,18 +17,22 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
-from dra_plugin.devices import INTEL, NVIDIA, Device, DeviceNode, make_device
+from dra_plugin.config import Config
+from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
 from dra_plugin.kubelet.checkpoint import COMPLETED, FILE_NAME, State, decode
 from dra_plugin.kubelet.claims import ClaimPreparer, ClaimRef
 from dra_plugin.sharing import Sharing
+from dra_plugin.vendors import registry
+from dra_plugin.vendors.intel.ids import INTEL
+from dra_plugin.vendors.nvidia.model import NVIDIA
 
 DRIVER = "gpu.intel.com"
 NODE = "mini-1"
@@ -134,6 +138,7 @@ def preparer(
     on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
+    nvidia_strategy: str = "auto",
 ) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
@@ -143,12 +148,26 @@ def preparer(
         state_dir=root / "state",
         cdi_root=root / "cdi",
         cdi_options=options,
+        claim_edits=vendor_edits(nvidia_strategy),
         fetch_claim=api.get_claim,
         devices=lambda: {d.name: d for d in devices},
         on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
     )
+
+
+def vendor_edits(nvidia_strategy: str = "auto") -> Callable[[Sequence[Device]], cdi.ClaimEdits]:
+    """Claim edits as the daemon makes them: from the devices' vendor, default settings."""
+
+    def edits(devices: Sequence[Device]) -> cdi.ClaimEdits:
+        vendor = registry.get(devices[0].vendor)
+        settings = Config().settings(vendor.name)
+        if vendor.name == NVIDIA:
+            settings = replace(settings, cdi_strategy=nvidia_strategy)
+        return vendor.claim_edits(settings, devices, Path("/"))
+
+    return edits
 
 
 def check_consistent(

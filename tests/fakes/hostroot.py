@@ -57,8 +57,13 @@ class HostRoot:
         return target
 
     def config(self, **overrides: object) -> Config:
+        driver_root = overrides.pop("nvidia_driver_root", None)
         base = Config(command="doctor", node_name="node-1", host_root=self.root)
-        return replace(base, **overrides)  # type: ignore[arg-type]
+        cfg = replace(base, **overrides)  # type: ignore[arg-type]
+        if driver_root is not None:  # NVIDIA's own setting lives in its settings value
+            nvidia = replace(cfg.settings("nvidia"), driver_root=Path(str(driver_root)))
+            cfg = replace(cfg, vendor_settings={**cfg.vendor_settings, "nvidia": nvidia})
+        return cfg
 
     # --- sysfs ------------------------------------------------------------------------
     def pci_gpu(

@@ -761,11 +761,35 @@ def discovery_json(result: Any) -> dict[str, Any]:
     }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class DrmResult:
+    devices: tuple[Any, ...]
+    skipped: tuple[Any, ...]
+
+
+def drm_discover(
+    intel: str | None, amd: str | None = None, *, host_root: Path = Path("/")
+) -> DrmResult:
+    """The daemon's discovery pass with only the DRM vendors named here enabled (driver
+    names given), every device of every driver in one list, sorted by name."""
+    from dra_plugin import inventory
+    from dra_plugin.config import Config
+
+    names = {v: n for v, n in (("intel", intel), ("amd", amd)) if n}
+    base = Config(vendors=tuple(names), host_root=host_root)
+    settings = {
+        v: replace(s, driver_name=names[v]) if v in names else s
+        for v, s in base.vendor_settings.items()
+    }
+    inv = inventory.discover(replace(base, vendor_settings=settings))
+    devices = sorted((d for devs in inv.devices.values() for d in devs), key=lambda d: d.name)
+    return DrmResult(tuple(devices), inv.skipped)
+
+
 def main(argv: Iterable[str]) -> int:
     """Child entry point; runs under the preload and prints JSON on stdout."""
 
     from dra_plugin.devices import validate_device
-    from dra_plugin.host import drm as drm_discovery
     from dra_plugin.host import hotplug
 
     args = list(argv)
@@ -773,7 +797,7 @@ def main(argv: Iterable[str]) -> int:
         driver = args[1] if len(args) > 1 else "gpu.intel.com"
         amd = args[2] if len(args) > 2 else None  # the AMD driver name, when enabled
         root = {"host_root": Path(args[3])} if len(args) > 3 else {}
-        result = drm_discovery.discover_drm(driver or None, amd, **root)
+        result = drm_discover(driver or None, amd, **root)
         for device in result.devices:
             validate_device(device)  # what the API server would reject fails the test here
         print(json.dumps(discovery_json(result)))
@@ -783,7 +807,7 @@ def main(argv: Iterable[str]) -> int:
         lock = threading.Lock()
 
         def on_change() -> None:
-            found = drm_discovery.discover_drm("gpu.intel.com", "gpu.amd.com").devices
+            found = drm_discover("gpu.intel.com", "gpu.amd.com").devices
             names = [d.name for d in found]
             with lock:
                 print(json.dumps({"n": next(count), "devices": names}), flush=True)

@@ -122,8 +122,10 @@ def test_telemetry_on_real_gpus(real: NvmlDiscovery) -> None:
     gpus = [d for d in real.devices if d.attrs["type"] == "gpu"]
     if not gpus:
         pytest.skip("only MIG devices here: MIG devices carry no telemetry yet")
+    from dra_plugin.vendors.nvidia.telemetry import NvmlReader
+
     sampler = Sampler(node="gpu-test-node", interval=10, devices=lambda: gpus,
-                      nvidia_driver_root=DRIVER_ROOT)  # fmt: skip
+                      readers={"nvidia": NvmlReader(DRIVER_ROOT)})  # fmt: skip
     try:
         snap = sampler.sample_devices(gpus)
     finally:

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.devices import (
-    NVIDIA,
     PCI_BUS_ID,
     PCIE_ROOT,
     Device,
@@ -32,6 +31,7 @@ from dra_plugin.devices import (
 from dra_plugin.vendors.nvidia import model as nvidia
 from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
+from dra_plugin.vendors.nvidia.model import NVIDIA
 from dra_plugin.vendors.nvidia.nvml import discover_nvidia
 from tests.fakes.nvml_lib import EVENTS_ENV, PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 

@@ -418,14 +418,15 @@ def test_nvml_values_a_gpu_does_not_have_are_absent(
 ) -> None:
     from dra_plugin.telemetry.sampler import Sampler
     from dra_plugin.vendors.nvidia.nvml import discover_nvidia
+    from dra_plugin.vendors.nvidia.telemetry import NvmlReader
     from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
 
     fake = build_fake_nvml()
     monkeypatch.setenv(PROFILE_ENV, str(profile_path(profile)))
     found = discover_nvidia(fake.driver_root, NVIDIA, sysfs_root=tmp_path, proc_root=tmp_path)
     assert found.error is None and found.devices
-    sampler = Sampler(node="n", interval=10, devices=lambda: found.devices,
-                      nvidia_driver_root=fake.driver_root)  # fmt: skip
+    readers = {"nvidia": NvmlReader(fake.driver_root)}
+    sampler = Sampler(node="n", interval=10, devices=lambda: found.devices, readers=readers)
     try:
         snap = sampler.sample_devices(found.devices)
     finally:

@@ -9,10 +9,11 @@ import pytest
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
-from dra_plugin.devices import AMD, NUMA_NODE, DeviceNode, make_device
+from dra_plugin.devices import NUMA_NODE, DeviceNode, make_device
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd import ras as ras_watch
 from dra_plugin.vendors.amd.devices import kfd_topology, ras_uncorrectable
+from dra_plugin.vendors.amd.ids import AMD
 from dra_plugin.vendors.nvidia import model as nvidia
 
 UID = "6a0b4c2e-1f3d-4e5a-9b8c-7d6e5f4a3b2c"
@@ -65,8 +66,13 @@ def test_config_amd_vendor_and_driver_name() -> None:
     cfg = parse(
         ["run", "--amd-driver-name", "amd.example.com"], {"NODE_NAME": "n", "VENDORS": "amd"}
     )
-    assert cfg.drivers == {"amd": "amd.example.com"} and cfg.amd_ras_poll_seconds == 10
-    assert parse(["run"], {"NODE_NAME": "n", "AMD_RAS_POLL_SECONDS": "0"}).amd_ras_poll_seconds == 0
+    assert cfg.drivers == {"amd": "amd.example.com"} and cfg.settings("amd").ras_poll_seconds == 10
+    assert (
+        parse(["run"], {"NODE_NAME": "n", "AMD_RAS_POLL_SECONDS": "0"})
+        .settings("amd")
+        .ras_poll_seconds
+        == 0
+    )
 
 
 def _amd_device(name: str, card: int) -> object:

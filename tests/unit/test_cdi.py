@@ -14,6 +14,7 @@ from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import DeviceNode, make_device
+from dra_plugin.vendors.nvidia import cdi as nv_cdi
 from tests.fakes.claim_harness import intel_device, nvidia_device, uid
 
 DRIVER = "gpu.intel.com"
@@ -187,8 +188,8 @@ def test_options_from_config() -> None:
         ],
         env={},
     )
-    opts = cdi.CdiOptions.from_config(cfg)
-    assert (opts.max_version, opts.nvidia_strategy) == ("0.6.0", "toolkit")
+    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
+    assert (cfg.cdi_max_version, opts.strategy) == ("0.6.0", "toolkit")
 
 
 # --- NVIDIA --------------------------------------------------------------------------
@@ -226,9 +227,12 @@ def toolkit_spec(d: Path, uuids: list[str], fmt: str = "yaml") -> None:
         )
 
 
-def render_nvidia(opts: cdi.CdiOptions, devs: list[Any]) -> tuple[cdi.NvidiaPlan, cdi.RenderedSpec]:
-    plan = cdi.plan_nvidia(opts, [d.uuid for d in devs])
-    r = cdi.render_claim_spec("gpu.nvidia.com", UID_LETTER, devs, max_version="0.8.0", nvidia=plan)
+def render_nvidia(
+    opts: nv_cdi.UserspaceOptions, devs: list[Any]
+) -> tuple[nv_cdi.NvidiaPlan, cdi.RenderedSpec]:
+    plan = nv_cdi.plan_nvidia(opts, [d.uuid for d in devs])
+    edits = nv_cdi.claim_edits(devs, plan)
+    r = cdi.render_claim_spec("gpu.nvidia.com", UID_LETTER, devs, max_version="0.8.0", edits=edits)
     assert cdispec.validate_spec(r.spec) == []
     return plan, r
 
@@ -239,8 +243,8 @@ def test_nvidia_toolkit_strategy(tmp_path: Path, fmt: str) -> None:
     assert dev.uuid is not None
     toolkit_spec(tmp_path / "static", [dev.uuid, "all"], fmt)
     (tmp_path / "static" / "broken.yaml").write_text(": : :")
-    opts = cdi.CdiOptions(
-        nvidia_strategy="auto", toolkit_cdi_dirs=(tmp_path / "missing", tmp_path / "static")
+    opts = nv_cdi.UserspaceOptions(
+        strategy="auto", toolkit_cdi_dirs=(tmp_path / "missing", tmp_path / "static")
     )
     plan, r = render_nvidia(opts, [dev])
     assert plan.strategy == "toolkit"
@@ -256,17 +260,17 @@ def test_nvidia_toolkit_strategy(tmp_path: Path, fmt: str) -> None:
 
 
 def test_nvidia_explicit_toolkit_without_spec_is_an_error(tmp_path: Path) -> None:
-    opts = cdi.CdiOptions(nvidia_strategy="toolkit", toolkit_cdi_dirs=(tmp_path,))
+    opts = nv_cdi.UserspaceOptions(strategy="toolkit", toolkit_cdi_dirs=(tmp_path,))
     with pytest.raises(cdi.CdiError, match=r"strategy toolkit: no nvidia\.com/gpu device GPU-"):
-        cdi.plan_nvidia(opts, ["GPU-1"])
+        nv_cdi.plan_nvidia(opts, ["GPU-1"])
 
 
 @pytest.mark.parametrize("hook", [False, True])
 def test_nvidia_host_libs(tmp_path: Path, hook: bool) -> None:
     root = tmp_path / "driver"
     fake_driver_root(root, hook=hook)
-    opts = cdi.CdiOptions(
-        nvidia_strategy="auto",
+    opts = nv_cdi.UserspaceOptions(
+        strategy="auto",
         toolkit_cdi_dirs=(tmp_path / "none",),
         driver_root=root,
         host_driver_root=Path("/run/nvidia/driver"),
@@ -296,16 +300,16 @@ def test_nvidia_host_libs(tmp_path: Path, hook: bool) -> None:
 
 
 def test_nvidia_device_nodes_fallback(tmp_path: Path) -> None:
-    opts = cdi.CdiOptions(toolkit_cdi_dirs=(tmp_path,), driver_root=tmp_path)
+    opts = nv_cdi.UserspaceOptions(toolkit_cdi_dirs=(tmp_path,), driver_root=tmp_path)
     plan, r = render_nvidia(opts, [nvidia_device(3)])
     assert plan.strategy == "device-nodes"
     assert "no NVIDIA driver libraries" in plan.reason
     assert set(r.spec["containerEdits"]) == {"deviceNodes"}
     with pytest.raises(cdi.CdiError, match="strategy host-libs"):
-        cdi.plan_nvidia(
-            cdi.CdiOptions(nvidia_strategy="host-libs", driver_root=tmp_path), ["GPU-1"]
+        nv_cdi.plan_nvidia(
+            nv_cdi.UserspaceOptions(strategy="host-libs", driver_root=tmp_path), ["GPU-1"]
         )
-    plan = cdi.plan_nvidia(cdi.CdiOptions(nvidia_strategy="device-nodes"), ["GPU-1"])
+    plan = nv_cdi.plan_nvidia(nv_cdi.UserspaceOptions(strategy="device-nodes"), ["GPU-1"])
     assert plan.strategy == "device-nodes"
 
 
@@ -364,10 +368,10 @@ def test_listing_and_gc_touch_only_our_files(tmp_path: Path) -> None:
 
 def test_driver_root_under_host_mount_maps_to_host_paths() -> None:
     cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/host", "HOST_ROOT": "/host"})
-    opts = cdi.CdiOptions.from_config(cfg)
+    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
     assert opts.driver_root == Path("/host") and opts.host_driver_root == Path("/")
     cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
-    opts = cdi.CdiOptions.from_config(cfg)
+    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
     assert opts.host_driver_root == Path("/run/nvidia/driver")
 
 
@@ -384,9 +388,9 @@ def test_toolkit_spec_changes_are_seen_despite_the_cache(tmp_path: Path) -> None
         os.utime(spec, ns=(len(uuids), len(uuids)))  # a new mtime even within one tick
 
     write("GPU-a")
-    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a"}
-    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a"}  # served from the cache
+    assert nv_cdi.toolkit_devices([tmp_path]) == {"GPU-a"}
+    assert nv_cdi.toolkit_devices([tmp_path]) == {"GPU-a"}  # served from the cache
     write("GPU-a", "GPU-b")
-    assert cdi.toolkit_devices([tmp_path]) == {"GPU-a", "GPU-b"}
+    assert nv_cdi.toolkit_devices([tmp_path]) == {"GPU-a", "GPU-b"}
     spec.unlink()
-    assert cdi.toolkit_devices([tmp_path]) == set()
+    assert nv_cdi.toolkit_devices([tmp_path]) == set()

@@ -283,8 +283,8 @@ def test_spec_version_cap_is_a_per_claim_error(root: Path) -> None:
 def test_nvidia_claim_device_nodes_strategy(root: Path) -> None:
     gpus = [nvidia_device(0, DRIVER), nvidia_device(1, DRIVER)]
     c = claim(1, [result("gpu-0"), result("gpu-1", request="b")])
-    opts = cdi.CdiOptions(nvidia_strategy="device-nodes")
-    got = run(preparer(root, FakeApi([c]), gpus, options=opts).prepare([ref(c)]))
+    p = preparer(root, FakeApi([c]), gpus, nvidia_strategy="device-nodes")
+    got = run(p.prepare([ref(c)]))
     assert [d.cdi_device_ids for d in got[uid(1)].devices] == [
         (cdi_id(uid(1), "gpu-0"),),
         (cdi_id(uid(1), "gpu-1"),),

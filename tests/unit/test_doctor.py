@@ -13,11 +13,13 @@ import pytest
 import yaml
 
 from dra_plugin.config import Config
-from dra_plugin.devices import INTEL, NVIDIA
-from dra_plugin.doctor import containerd, nodecheck
+from dra_plugin.doctor import containerd
 from dra_plugin.doctor import report as doctor
 from dra_plugin.doctor.findings import Finding, Report, Status
 from dra_plugin.kubeapi import KubeAPI, Timeouts
+from dra_plugin.vendors.intel.ids import INTEL
+from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES
+from dra_plugin.vendors.nvidia.model import NVIDIA
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root
 from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
@@ -193,7 +195,7 @@ def test_nvidia_modules_missing_off_talos_says_modprobe(host: HostRoot) -> None:
 
 def test_nvidia_modules_loaded_pass(host: HostRoot) -> None:
     host.pci_gpu("0000:01:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*nodecheck.NVIDIA_MODULES)
+    host.load_modules(*NVIDIA_MODULES)
     assert one(run(host), "kernel-modules").status is Status.PASS
 
 
@@ -244,7 +246,7 @@ def test_nvidia_nodes_pass(host: HostRoot) -> None:
 @needs_mknod
 def test_nvidia_uvm_node_missing_fails(host: HostRoot) -> None:
     host.pci_gpu("0000:01:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*nodecheck.NVIDIA_MODULES)
+    host.load_modules(*NVIDIA_MODULES)
     host.nvidia_nodes(1, uvm=False)
     f = one(run(host), "device-nodes")
     assert f.status is Status.FAIL and "/dev/nvidia-uvm missing" in f.found
@@ -517,7 +519,7 @@ def fake_nvml() -> FakeNvml:
 def nvidia_host(host: HostRoot, gpus: int = 1) -> None:
     for i in range(gpus):
         host.pci_gpu(f"0000:0{i + 1}:00.0", "10de", "2c05", driver="nvidia", link=(5, 16))
-    host.load_modules(*nodecheck.NVIDIA_MODULES)
+    host.load_modules(*NVIDIA_MODULES)
 
 
 def nvml_run(host: HostRoot, fake: FakeNvml, mp: pytest.MonkeyPatch, profile: Path) -> Report:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.devices import AMD, INTEL
 from dra_plugin.doctor import report as doctor
 from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.vendors.amd.ids import AMD
+from dra_plugin.vendors.intel.ids import INTEL
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root
 
 pytestmark = pytest.mark.skipif(not can_mknod(), reason="device nodes need root (mknod)")

@@ -10,9 +10,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_plugin import config
-from dra_plugin.devices import INTEL, Device, make_device
+from dra_plugin.devices import Device, make_device
 from dra_plugin.telemetry import catalogue as t
 from dra_plugin.telemetry import metrics
+from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.intel.telemetry import DeviceGone, IntelSysfsReader
 from tests.fakes.gpusysfs import write_telemetry
 
@@ -170,7 +171,7 @@ def test_sampler_keeps_going_after_a_failing_pass() -> None:
         return []
 
     async def go() -> float:
-        sampler = Sampler(node="n", interval=0.01, devices=devices)
+        sampler = Sampler(node="n", interval=0.01, devices=devices, readers={})
         task = asyncio.create_task(sampler.run())
         for _ in range(500):  # at most ~5 s
             if sampler.snapshot.taken_at or task.done():

@@ -1,4 +1,4 @@
-"""AMD GPUs (amdgpu) as Devices, from one udev scan (udev.py) and the KFD topology.
+"""AMD GPUs (amdgpu) as Devices, from one udev scan (host/udev.py) and the KFD topology.
 
 Names: `<PCI address>-<device id>` as for Intel (`0000-03-00-0-0x744c`), and
 `...-p<N>` for partition N of a partitioned GPU. Names built from PCI addresses survive
@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dra_plugin.devices import (
-    AMD,
     AttrValue,
     Device,
     DeviceNode,
@@ -40,6 +39,7 @@ from dra_plugin.devices import (
 )
 from dra_plugin.host.udev import Minors, PciGpu, UdevScan, attr, by_path_nodes, int_attr
 from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd.ids import AMD
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,10 @@ failed, which on a working kernel is nearly always missing firmware (amdgpu/*.bi
 
 from __future__ import annotations
 
-from dra_plugin.config import Config
-from dra_plugin.devices import AMD
+from dra_plugin.doctor.checks import node_problem
 from dra_plugin.doctor.findings import Finding, Status
-from dra_plugin.doctor.nodecheck import node_problem
 from dra_plugin.host.hostview import Host, PciGpu, switch_port
+from dra_plugin.vendors.base import DoctorContext
 
 AMD_VENDOR = "1002"
 FIRMWARE_DIRS = ("/lib/firmware/amdgpu", "/usr/lib/firmware/amdgpu")
@@ -114,13 +113,12 @@ def _switch_links(host: Host, amd: list[PciGpu]) -> list[Finding]:
     return out
 
 
-def check_amd(
-    cfg: Config, host: Host, gpus: list[PciGpu], loaded: set[str] | None, talos: bool
-) -> list[Finding]:
-    amd = [g for g in gpus if g.vendor == AMD_VENDOR]
+def check_amd(ctx: DoctorContext) -> list[Finding]:
+    host, loaded, talos = ctx.host, ctx.loaded, ctx.talos
+    amd = [g for g in ctx.gpus if g.vendor == AMD_VENDOR]
     if not amd:
         return []
     out = [*_module(host, loaded, talos), _firmware(host, amd, loaded, talos)]
-    if AMD in cfg.vendors and any(g.driver == "amdgpu" for g in amd):
+    if ctx.enabled and any(g.driver == "amdgpu" for g in amd):
         out.append(_kfd(host))
     return out + _switch_links(host, amd)

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import truncate
-from dra_plugin.vendors.intel.ids import parse_pci_id
+from dra_plugin.host.pci import parse_pci_id
+
+AMD = "amd"  # the VENDORS word and Device.vendor
+PCI_VENDOR_ID = "0x1002"
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Intel GPUs (i915/xe) as Devices, from one udev scan (udev.py).
+"""Intel GPUs (i915/xe) as Devices, from one udev scan (host/udev.py).
 
 Names and attributes follow Intel's DRA driver so its DeviceClasses and CEL selectors
 keep working; PCIe link and NUMA attributes are ours.
@@ -10,7 +10,6 @@ import os
 import re
 
 from dra_plugin.devices import (
-    INTEL,
     AttrValue,
     Device,
     make_device,
@@ -18,6 +17,7 @@ from dra_plugin.devices import (
 )
 from dra_plugin.host.udev import DrmMinor, Minors, PciGpu, attr, by_path_nodes, int_attr, parse_int
 from dra_plugin.vendors.intel import ids as intel_ids
+from dra_plugin.vendors.intel.ids import INTEL
 
 KERNEL_DRIVERS = ("i915", "xe")
 PASSTHROUGH_DRIVERS = ("vfio-pci", "xe-vfio-pci")

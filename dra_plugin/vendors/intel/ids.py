@@ -15,6 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dra_plugin.host.pci import parse_pci_id
+
+INTEL = "intel"  # the VENDORS word and Device.vendor
+PCI_VENDOR_ID = "0x8086"
+
 
 @dataclass(frozen=True)
 class IntelGpuModel:
@@ -121,19 +126,6 @@ def _build() -> dict[int, IntelGpuModel]:
 
 
 TABLE: dict[int, IntelGpuModel] = _build()
-
-
-def parse_pci_id(raw: str | int) -> int | None:
-    """'0x7d55', '7D55' or 0x7d55 -> 0x7d55; None when it is not a 16-bit hex id."""
-    if isinstance(raw, int):
-        return raw if 0 <= raw <= 0xFFFF else None
-    text = raw.strip().lower().removeprefix("0x")
-    if not text or len(text) > 4:
-        return None
-    try:
-        return int(text, 16)
-    except ValueError:
-        return None
 
 
 def lookup(pci_id: str | int) -> IntelGpuModel:

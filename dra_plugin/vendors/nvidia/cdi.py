@@ -1,6 +1,6 @@
 """CDI for NVIDIA GPUs: the options that decide how NVIDIA userspace reaches a container,
 and the plan (toolkit CDI device, host libraries, or device nodes only) made from what is
-on disk. cdi.py renders the plan into the claim's spec.
+on disk, and the claim edits it gives (cdi/claims.py renders them into the claim's spec).
 
 The CDI spec format has no way for one spec to include another spec's device, so with the
 `toolkit` strategy the claim's answer to the kubelet lists TWO CDI ids per GPU: ours
@@ -16,29 +16,25 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
-from dra_plugin.vendors.nvidia.model import LIBRARY_DIRS
-
-if TYPE_CHECKING:
-    from dra_plugin.config import Config
+from dra_plugin.cdi.claims import CdiError, ClaimEdits
+from dra_plugin.devices import Device, DeviceNode
+from dra_plugin.vendors.nvidia.model import LIBRARY_DIRS, NVIDIA_MAJOR
+from dra_plugin.vendors.nvidia.settings import CDI_STRATEGIES, NvidiaSettings
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
+STRATEGIES = CDI_STRATEGIES
 TOOLKIT_KIND = "nvidia.com/gpu"
 
 
-class CdiError(Exception):
-    """A spec cannot be rendered or written; the message says which claim/device and why."""
-
-
 @dataclass(frozen=True)
-class CdiOptions:
-    max_version: str = "0.8.0"
-    nvidia_strategy: str = "auto"
+class UserspaceOptions:
+    """Where NVIDIA userspace is looked for, and which strategy is asked for."""
+
+    strategy: str = "auto"
     toolkit_cdi_dirs: tuple[Path, ...] = (
         Path("/var/cdi/static"),
         Path("/var/run/cdi"),
@@ -49,19 +45,18 @@ class CdiOptions:
     host_root: Path = Path("/")  # where the host's / is visible to this process (hooks)
 
     @classmethod
-    def from_config(cls, cfg: Config) -> CdiOptions:
+    def of(cls, settings: NvidiaSettings, host_root: Path) -> UserspaceOptions:
         # The plugin may read the driver through a host mount (/host/usr/lib/...), but
         # the spec is read by the runtime on the host: paths must be host paths.
-        host_driver_root = cfg.nvidia_driver_root
-        if cfg.host_root != Path("/") and cfg.nvidia_driver_root.is_relative_to(cfg.host_root):
-            host_driver_root = Path("/") / cfg.nvidia_driver_root.relative_to(cfg.host_root)
+        host_driver_root = settings.driver_root
+        if host_root != Path("/") and settings.driver_root.is_relative_to(host_root):
+            host_driver_root = Path("/") / settings.driver_root.relative_to(host_root)
         return cls(
-            max_version=cfg.cdi_max_version,
-            nvidia_strategy=cfg.nvidia_cdi_strategy,
-            toolkit_cdi_dirs=cfg.nvidia_toolkit_cdi_dirs,
-            driver_root=cfg.nvidia_driver_root,
+            strategy=settings.cdi_strategy,
+            toolkit_cdi_dirs=settings.toolkit_cdi_dirs,
+            driver_root=settings.driver_root,
             host_driver_root=host_driver_root,
-            host_root=cfg.host_root,
+            host_root=host_root,
         )
 
 
@@ -152,7 +147,7 @@ def _resolve_under(root: Path, path: Path) -> Path | None:
     return None
 
 
-def _host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
+def _host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]], list[str]]:
     # A driver install or upgrade changes the library directories' mtimes.
     stamps: list[object] = [opts.driver_root, opts.host_driver_root]
     for d in LIBRARY_DIRS:
@@ -168,7 +163,7 @@ def _host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]
     return list(mounts), list(dirs)
 
 
-def _scan_host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[str]]:
+def _scan_host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]], list[str]]:
     root = opts.driver_root
     mounts: list[tuple[str, str]] = []
     dirs: list[str] = []
@@ -188,9 +183,9 @@ def _scan_host_libraries(opts: CdiOptions) -> tuple[list[tuple[str, str]], list[
     return mounts, sorted(set(dirs))
 
 
-def plan_nvidia(opts: CdiOptions, uuids: Sequence[str]) -> NvidiaPlan:
+def plan_nvidia(opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
     """Choose the userspace strategy (side effects: reads the toolkit dirs, stats libraries)."""
-    strategy = opts.nvidia_strategy
+    strategy = opts.strategy
     if strategy in ("auto", "toolkit"):
         known = toolkit_devices(opts.toolkit_cdi_dirs)
         missing = [u for u in uuids if u not in known]
@@ -233,4 +228,36 @@ def plan_nvidia(opts: CdiOptions, uuids: Sequence[str]) -> NvidiaPlan:
             raise CdiError(f"NVIDIA CDI strategy host-libs: {why}")
     return NvidiaPlan(
         "device-nodes", why + "; containers get device nodes only (no CUDA userspace)"
+    )
+
+
+def gpu_nodes(dev: Device) -> tuple[DeviceNode, ...]:
+    """The device's own nodes (not the control nodes, which go to the spec-wide edits)."""
+    if dev.nodes:
+        return tuple(n for n in dev.nodes if n.path not in CONTROL_NODES)
+    minor = dev.extra_value("minor") or dev.name.removeprefix("gpu-")
+    if not minor.isdigit():
+        raise CdiError(f"device {dev.name}: NVIDIA minor number unknown")
+    return (DeviceNode(f"/dev/nvidia{minor}", NVIDIA_MAJOR, int(minor)),)
+
+
+def claim_edits(devices: Sequence[Device], plan: NvidiaPlan) -> ClaimEdits:
+    """The edits of a claim holding NVIDIA `devices`, userspace delivered as `plan` says."""
+    spec_edits: dict[str, object] = {
+        "deviceNodes": [{"path": p, "type": "c"} for p in CONTROL_NODES]
+    }
+    extra: dict[str, tuple[str, ...]] = {}
+    if plan.strategy == "toolkit":
+        extra = {d.name: (f"{TOOLKIT_KIND}={d.uuid or d.name}",) for d in devices}
+    elif plan.strategy == "host-libs":
+        spec_edits["mounts"] = [
+            {"hostPath": h, "containerPath": c, "options": list(MOUNT_OPTIONS)}
+            for h, c in plan.mounts
+        ]
+        if plan.hooks:
+            spec_edits["hooks"] = [
+                {"hookName": "createContainer", "path": p, "args": list(a)} for p, a in plan.hooks
+            ]
+    return ClaimEdits(
+        nodes={d.name: gpu_nodes(d) for d in devices}, extra_ids=extra, spec_edits=spec_edits
     )

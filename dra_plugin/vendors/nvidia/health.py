@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.devices import NVIDIA, Device, Health
+from dra_plugin.devices import Device, Health
 from dra_plugin.vendors.nvidia import nvml
-from dra_plugin.vendors.nvidia.model import FULL_INSTANCE, xid_reason
+from dra_plugin.vendors.nvidia.model import FULL_INSTANCE, NVIDIA, xid_reason
 
 log = logging.getLogger(__name__)
 

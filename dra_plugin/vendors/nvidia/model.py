@@ -22,7 +22,6 @@ from pathlib import Path
 from dra_plugin.devices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     NUMA_NODE,
-    NVIDIA,
     PCI_BUS_ID,
     PCIE_ROOT,
     AttrValue,
@@ -34,6 +33,8 @@ from dra_plugin.devices import (
     truncate,
 )
 
+NVIDIA = "nvidia"  # the VENDORS word and Device.vendor
+PCI_VENDOR_ID = "0x10de"
 LIBRARY = "libnvidia-ml.so.1"
 # Where driver installs put their libraries, relative to the driver root (distribution
 # layouts, then the GPU Operator's and Talos' glibc extension layouts).

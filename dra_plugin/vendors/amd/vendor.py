@@ -1,0 +1,110 @@
+"""AMD GPUs (amdgpu) as one vendor of the registry: DRM devices and partitions found
+through udev and the KFD topology, RAS counters watched for health."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_plugin.devices import Device
+from dra_plugin.doctor.findings import Finding
+from dra_plugin.host import drm
+from dra_plugin.host.udev import Minors, PciGpu
+from dra_plugin.options import Option, Raw, number
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
+from dra_plugin.vendors.amd import devices
+from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd.doctor import check_amd
+from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
+from dra_plugin.vendors.amd.ras import RasWatcher
+from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
+from dra_plugin.vendors.base import (
+    Discovered,
+    DoctorContext,
+    DrmScan,
+    Monitor,
+    MonitorHooks,
+    TelemetryReader,
+    Vendor,
+    driver_name_option,
+    parse_driver_name,
+    parse_shares,
+    sharing_options,
+)
+
+OPTIONS = (
+    driver_name_option(AMD, "AMD", "gpu.amd.com"),
+    Option(
+        "--amd-ras-poll-seconds",
+        "AMD_RAS_POLL_SECONDS",
+        "how often AMD RAS error counters are read (0 disables)",
+        "10",
+    ),
+    *sharing_options(
+        AMD,
+        "AMD GPU or partition",
+        "one claim per AMD GPU or partition",
+        "several claims share one",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class AmdSettings:
+    driver_name: str = "gpu.amd.com"
+    ras_poll_seconds: float = 10.0
+    sharing_mode: str = EXCLUSIVE
+    shares: int = DEFAULT_SHARES
+
+    @property
+    def sharing(self) -> Sharing | None:
+        return Sharing(self.shares) if self.sharing_mode == SHARED else None
+
+
+class AmdVendor(Vendor[AmdSettings]):
+    name = AMD
+    title = "AMD"
+    pci_vendor_id = PCI_VENDOR_ID
+    pci_classes = ("0x03", "0x12")  # Instinct MI300 and newer are processing accelerators
+    kernel_drivers = (devices.KERNEL_DRIVER,)
+    drm_hotplug = True
+    kernel_label = devices.KERNEL_DRIVER
+
+    def options(self) -> tuple[Option, ...]:
+        return OPTIONS
+
+    def configure(self, raw: Raw) -> AmdSettings:
+        mode, shares = parse_shares(AMD, raw)
+        poll = float(number("AMD_RAS_POLL_SECONDS", raw["amd_ras_poll_seconds"], float, 0))
+        return AmdSettings(parse_driver_name(AMD, raw), poll, mode, shares)
+
+    def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:
+        snap = scan()
+        table: list[tuple[amd_ids.IdsTable, dict[int, devices.KfdNode]]] = []
+
+        def build(gpu: PciGpu, minors: Minors) -> list[Device]:
+            if not table:  # read once per pass, and only when there is an AMD GPU
+                table.append(
+                    (amd_ids.load_ids([host_root]), devices.kfd_topology(snap.kfd_sys_path))
+                )
+            ids, kfd = table[0]
+            return devices.amd_devices(gpu, minors, snap, settings.driver_name, ids, kfd)
+
+        found, skipped = drm.partition(snap, PCI_VENDOR_ID, devices.skip_reason, build)
+        notes = () if found else ("amd: no AMD GPU bound to amdgpu found under /sys/class/drm",)
+        return Discovered(found, notes, skipped)
+
+    def monitors(self, settings: AmdSettings, hooks: MonitorHooks) -> list[Monitor]:
+        def gpus() -> set[str]:
+            return {d.pci_address for d in hooks.published() if d.pci_address}
+
+        return [RasWatcher(gpus, hooks.rescan, settings.ras_poll_seconds)]
+
+    def telemetry(
+        self, settings: AmdSettings, monitors: Sequence[Monitor]
+    ) -> TelemetryReader | None:
+        return AmdSysfsReader()
+
+    def doctor(self, settings: AmdSettings, ctx: DoctorContext) -> list[Finding]:
+        return check_amd(ctx)

@@ -1,0 +1,217 @@
+"""The vendor interface: everything the core asks of a GPU vendor, and nothing more.
+
+A vendor is a stateless object registered in `vendors.registry`. The core (config,
+inventory, daemon, CDI rendering, the telemetry sampler, doctor) loops over the enabled
+vendors and calls these hooks; it never names a vendor. A vendor's own settings are a
+frozen value it parses from its own flags (`options()` / `configure()`), and every hook
+receives that value back.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Generic, Protocol, TypeVar
+
+from dra_plugin.cdi.claims import ClaimEdits, device_node_edits
+from dra_plugin.devices import Device, Health, valid_driver_name
+from dra_plugin.doctor.findings import Finding
+from dra_plugin.host.drm import Unpublished
+from dra_plugin.host.hostview import Host, PciGpu
+from dra_plugin.host.udev import UdevScan
+from dra_plugin.options import ConfigError, Option, Raw, attr_name, number
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
+from dra_plugin.telemetry.catalogue import Reading
+
+
+class VendorSettings(Protocol):
+    """What the core reads of every vendor's settings."""
+
+    @property
+    def driver_name(self) -> str: ...
+
+    @property
+    def sharing(self) -> Sharing | None: ...
+
+
+S = TypeVar("S", bound=VendorSettings)
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """One vendor's discovery pass."""
+
+    devices: tuple[Device, ...] = ()
+    notes: tuple[str, ...] = ()  # one line per problem, logged and shown by `discover`
+    unpublished: tuple[Unpublished, ...] = ()
+
+
+class DrmScan(Protocol):
+    """The node's udev snapshot, taken at most once per discovery pass and shared by the
+    vendors that read DRM devices. Raises host.udev.DiscoveryError when libudev is unusable."""
+
+    def __call__(self) -> UdevScan: ...
+
+
+class Monitor(Protocol):
+    """A background watcher (hotplug, health). start() may block briefly; stop() must not."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class MonitorHooks:
+    """What a vendor's monitors may do to the daemon. Every callable is thread-safe."""
+
+    rescan: Callable[[], None]  # discover again soon
+    report_health: Callable[[str, Health, str], None]  # device name, health, reason
+    published: Callable[[], tuple[Device, ...]]  # this vendor's published devices now
+
+
+class ReadError(Exception):
+    """A device could not be read for telemetry; the message says why."""
+
+
+class TelemetryReader(Protocol):
+    """Reads one vendor's devices for /metrics (on the sampler's worker thread)."""
+
+    def read(self, device: Device, now: float) -> list[Reading]:
+        """Raises ReadError or OSError when the device cannot be read now."""
+        ...
+
+    def forget(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    """The host as doctor sees it, for the vendors' own checks."""
+
+    host: Host
+    gpus: list[PciGpu]  # every GPU on the bus, all vendors
+    loaded: set[str] | None  # loaded kernel modules (None: unknown)
+    talos: bool
+    enabled: bool  # whether this vendor is in VENDORS
+
+
+class Vendor(ABC, Generic[S]):
+    """One GPU vendor. Subclasses set the class facts and implement the hooks."""
+
+    name: ClassVar[str]  # the word in VENDORS, and Device.vendor
+    title: ClassVar[str]  # how people spell it: "Intel", "NVIDIA"
+    pci_vendor_id: ClassVar[str]  # as sysfs writes it: "0x8086"
+    pci_classes: ClassVar[tuple[str, ...]] = ("0x03",)  # PCI class prefixes of its GPUs
+    kernel_drivers: ClassVar[tuple[str, ...]] = ()  # drivers that make its GPUs usable
+    drm_hotplug: ClassVar[bool] = False  # rescan on DRM uevents
+    kernel_label: ClassVar[str] = ""  # `discover`'s KERNEL column when no driver attribute
+
+    @abstractmethod
+    def options(self) -> tuple[Option, ...]:
+        """This vendor's flags (with env twins), for every command."""
+
+    @abstractmethod
+    def configure(self, raw: Raw) -> S:
+        """Parse this vendor's flags (raw values by attr_name) or raise ConfigError."""
+
+    @abstractmethod
+    def discover(self, settings: S, scan: DrmScan, host_root: Path) -> Discovered:
+        """This vendor's allocatable devices (sorted by name), notes and unpublished GPUs."""
+
+    def claim_edits(self, settings: S, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
+        """What a claim holding `devices` (all of this vendor) injects; raises CdiError."""
+        return device_node_edits(devices)
+
+    def monitors(self, settings: S, hooks: MonitorHooks) -> list[Monitor]:
+        """Health and event watchers for this vendor (DRM hotplug is the core's)."""
+        return []
+
+    def telemetry(self, settings: S, monitors: Sequence[Monitor]) -> TelemetryReader | None:
+        """The reader the sampler uses for this vendor's devices (None: no telemetry)."""
+        return None
+
+    def doctor(self, settings: S, ctx: DoctorContext) -> list[Finding]:
+        """This vendor's node checks."""
+        return []
+
+    def not_published(self, gpu_driver: str | None) -> str:
+        """Why a GPU of this vendor is not published while the vendor is not enabled."""
+        return f"{self.title} GPU: the {self.name} vendor is not enabled (add it to VENDORS)"
+
+
+# --- settings every vendor has: its driver name, and sharing ------------------------------
+
+
+def driver_name_option(vendor: str, title: str, default: str) -> Option:
+    return Option(
+        f"--{vendor}-driver-name",
+        f"{vendor.upper()}_DRIVER_NAME",
+        f"DRA driver name for {title} GPUs",
+        default,
+    )
+
+
+def sharing_options(
+    vendor: str, what: str, exclusive_help: str, shared_help: str
+) -> tuple[Option, ...]:
+    return (
+        Option(
+            f"--{vendor}-sharing",
+            f"{vendor.upper()}_SHARING",
+            f"exclusive: {exclusive_help}; shared: {shared_help}",
+            EXCLUSIVE,
+            MODES,
+        ),
+        Option(
+            f"--{vendor}-shares",
+            f"{vendor.upper()}_SHARES",
+            f"shares per {what} when shared",
+            str(DEFAULT_SHARES),
+        ),
+    )
+
+
+def parse_driver_name(vendor: str, raw: Raw) -> str:
+    name = raw[f"{vendor}_driver_name"]
+    if not valid_driver_name(name):
+        raise ConfigError(
+            f"{vendor.upper()}_DRIVER_NAME={name!r} is not a lowercase DNS subdomain of "
+            "at most 63 characters"
+        )
+    return name
+
+
+def parse_shares(vendor: str, raw: Raw) -> tuple[str, int]:
+    """(mode, shares) of a vendor's sharing flags."""
+    key = f"{vendor}_shares"
+    shares = int(number(key.upper(), raw[key], int, 1))
+    if shares > MAX_SHARES:
+        raise ConfigError(f"{key.upper()}={raw[key]!r} must be <= {MAX_SHARES}")
+    return raw[f"{vendor}_sharing"], shares
+
+
+@dataclass(frozen=True)
+class BasicSettings:
+    """Settings of a vendor with no options beyond its driver name and sharing."""
+
+    driver_name: str
+    sharing_mode: str = EXCLUSIVE
+    shares: int = DEFAULT_SHARES
+
+    @property
+    def sharing(self) -> Sharing | None:
+        return Sharing(self.shares) if self.sharing_mode == SHARED else None
+
+    @classmethod
+    def parse(cls, vendor: str, raw: Raw) -> BasicSettings:
+        mode, shares = parse_shares(vendor, raw)
+        return cls(parse_driver_name(vendor, raw), mode, shares)
+
+
+def defaults(options: Sequence[Option]) -> dict[str, str]:
+    """Raw values of `options` at their defaults."""
+    return {attr_name(o): o.default for o in options}

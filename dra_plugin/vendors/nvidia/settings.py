@@ -1,0 +1,102 @@
+"""NVIDIA's own flags and their parsed, frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_plugin.options import ConfigError, Option, Raw, split
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
+from dra_plugin.vendors.base import (
+    driver_name_option,
+    parse_driver_name,
+    parse_shares,
+    sharing_options,
+)
+from dra_plugin.vendors.nvidia.model import NVIDIA
+
+CDI_STRATEGIES = ("auto", "toolkit", "host-libs", "device-nodes")
+# XIDs caused by applications (not the hardware): the vendor drivers ignore them too.
+DEFAULT_XID_IGNORE = (13, 31, 43, 45, 68, 109)
+DEFAULT_TOOLKIT_CDI_DIRS = (Path("/var/cdi/static"), Path("/var/run/cdi"), Path("/etc/cdi"))
+
+OPTIONS = (
+    driver_name_option(NVIDIA, "NVIDIA", "gpu.nvidia.com"),
+    Option(
+        "--nvidia-driver-root",
+        "NVIDIA_DRIVER_ROOT",
+        "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)",
+        "/",
+    ),
+    Option(
+        "--nvidia-cdi-strategy",
+        "NVIDIA_CDI_STRATEGY",
+        "how NVIDIA userspace reaches containers",
+        "auto",
+        CDI_STRATEGIES,
+    ),
+    Option(
+        "--nvidia-toolkit-cdi-dirs",
+        "NVIDIA_TOOLKIT_CDI_DIRS",
+        "comma-separated dirs searched for the NVIDIA toolkit's CDI spec",
+        ",".join(str(d) for d in DEFAULT_TOOLKIT_CDI_DIRS),
+    ),
+    *sharing_options(
+        NVIDIA,
+        "NVIDIA GPU",
+        "one claim per NVIDIA GPU",
+        "several claims share one",
+    ),
+    Option(
+        "--nvidia-shared-memory",
+        "NVIDIA_SHARED_MEMORY",
+        "shared NVIDIA GPUs also publish memory as consumable capacity (booked by the "
+        "scheduler, not enforced on the GPU)",
+        "false",
+        ("true", "false"),
+    ),
+    Option(
+        "--xid-ignore",
+        "NVIDIA_XID_IGNORE",
+        "comma-separated XIDs that do not mark a GPU unhealthy",
+        ",".join(str(x) for x in DEFAULT_XID_IGNORE),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class NvidiaSettings:
+    driver_name: str = "gpu.nvidia.com"
+    driver_root: Path = Path("/")
+    cdi_strategy: str = "auto"
+    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_TOOLKIT_CDI_DIRS
+    sharing_mode: str = EXCLUSIVE
+    shares: int = DEFAULT_SHARES
+    shared_memory: bool = False
+    xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
+
+    @property
+    def sharing(self) -> Sharing | None:
+        if self.sharing_mode != SHARED:
+            return None
+        return Sharing(self.shares, memory=self.shared_memory)
+
+    @classmethod
+    def parse(cls, raw: Raw) -> NvidiaSettings:
+        try:
+            xids = tuple(int(x) for x in split(raw["xid_ignore"]))
+        except ValueError:
+            raise ConfigError(
+                f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of integers"
+            ) from None
+        mode, shares = parse_shares(NVIDIA, raw)
+        return cls(
+            driver_name=parse_driver_name(NVIDIA, raw),
+            driver_root=Path(raw["nvidia_driver_root"]),
+            cdi_strategy=raw["nvidia_cdi_strategy"],
+            toolkit_cdi_dirs=tuple(Path(p) for p in split(raw["nvidia_toolkit_cdi_dirs"])),
+            sharing_mode=mode,
+            shares=shares,
+            shared_memory=raw["nvidia_shared_memory"] == "true",
+            xid_ignore=xids,
+        )
