@@ -13,11 +13,6 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-INTEL = "intel"
-NVIDIA = "nvidia"
-AMD = "amd"
-VENDOR_ORDER = (INTEL, NVIDIA, AMD)
-
 # Qualified attribute names shared with other drivers (and their CEL selectors).
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from dra_plugin.slices.quantity import canonical_quantity, parse_quantity
+from dra_plugin.quantity import canonical_quantity, parse_quantity
 
 SHARES = "shares"
 MEMORY = "memory"

@@ -22,7 +22,7 @@ from dra_plugin.config import Config
 from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
 from dra_plugin.doctor.findings import Finding, Report, Status
 from dra_plugin.doctor.nodecheck import check_links, check_modules, check_pci
-from dra_plugin.host.hostview import Host
+from dra_plugin.host.hostview import GpuVendor, Host
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.base import DoctorContext
 
@@ -169,7 +169,12 @@ def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
     host = Host(cfg.host_root)
     talos = host.is_talos()
     loaded = host.modules()
-    gpus = host.gpus()
+    gpus = host.gpus(
+        {
+            v.pci_vendor_id.removeprefix("0x"): GpuVendor(v.title, v.pci_classes)
+            for v in registry.VENDORS
+        }
+    )
     bus = gpus or []
     vendor_findings: list[Finding] = []
     for vendor in registry.VENDORS:

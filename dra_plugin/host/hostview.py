@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import PCIE_GEN_BY_RATE
 
-VENDORS = {"8086": "Intel", "10de": "NVIDIA", "1002": "AMD"}
+
+@dataclass(frozen=True)
+class GpuVendor:
+    """What the host view needs to know of a GPU vendor (the registry provides it)."""
+
+    title: str  # "Intel"
+    classes: tuple[str, ...]  # PCI class prefixes of its GPUs, "0x03"
 
 
 @dataclass(frozen=True)
@@ -38,10 +45,11 @@ class PciGpu:
     driver: str | None
     current: Link
     maximum: Link | None  # min(device, upstream port) where both are known
+    vendor_title: str = ""
 
     @property
     def label(self) -> str:
-        return f"{self.address} {VENDORS[self.vendor]} [{self.vendor}:{self.device}]"
+        return f"{self.address} {self.vendor_title} [{self.vendor}:{self.device}]"
 
 
 def _read(path: Path) -> str | None:
@@ -87,7 +95,8 @@ class Host:
                 out[parts[1]] = int(parts[0])
         return out
 
-    def gpus(self) -> list[PciGpu] | None:
+    def gpus(self, vendors: Mapping[str, GpuVendor]) -> list[PciGpu] | None:
+        """GPUs on the bus of `vendors` (PCI vendor ID without 0x -> what it is)."""
         base = self.path("/sys/bus/pci/devices")
         if not base.is_dir():
             return None
@@ -95,9 +104,8 @@ class Host:
         for dev in sorted(base.iterdir()):
             cls = _read(dev / "class") or ""
             vendor = (_read(dev / "vendor") or "").removeprefix("0x").lower()
-            # AMD Instinct MI300 and newer are processing accelerators (class 0x12).
-            accel = vendor == "1002" and cls.startswith("0x12")
-            if not (cls.startswith("0x03") or accel) or vendor not in VENDORS:
+            known = vendors.get(vendor)
+            if known is None or not cls.startswith(known.classes):
                 continue
             driver_link = dev / "driver"
             driver = (
@@ -114,6 +122,7 @@ class Host:
                     driver=driver,
                     current=_link(real, "current"),
                     maximum=_max_link(real),
+                    vendor_title=known.title,
                 )
             )
         return found

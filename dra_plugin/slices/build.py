@@ -19,8 +19,8 @@ from typing import Any
 
 from dra_plugin.devices import Device, Health, Version, validate_device
 from dra_plugin.kubeapi import RESOURCE_GROUP
+from dra_plugin.quantity import canonical_quantity, parse_quantity
 from dra_plugin.sharing import Sharing, shared_capacity
-from dra_plugin.slices.quantity import canonical_quantity, parse_quantity
 from dra_plugin.slices.rules import (
     HEALTH_ATTRIBUTE,
     MAX_DEVICES_PER_SLICE,

@@ -18,7 +18,7 @@ from dra_plugin.devices import (
     is_semver,
     valid_driver_name,
 )
-from dra_plugin.slices.quantity import parse_quantity
+from dra_plugin.quantity import parse_quantity
 
 Obj = dict[str, Any]
 

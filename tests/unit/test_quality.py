@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import filecmp
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,31 @@ def test_ruff_format() -> None:
 def test_mypy_strict() -> None:
     r = _run(str(BIN / "mypy"), "--strict", "dra_plugin")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_import_layers() -> None:
+    """The contracts in pyproject.toml: layers, independent vendors, one owner per library."""
+    r = _run(str(BIN / "lint-imports"), "--no-cache")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_import_layers_catch_a_core_module_naming_a_vendor(tmp_path: Path) -> None:
+    """The same contracts on a copy where daemon.py imports a vendor folder: they fail."""
+    shutil.copytree(ROOT / "dra_plugin", tmp_path / "dra_plugin")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    daemon = tmp_path / "dra_plugin" / "daemon.py"
+    daemon.write_text(daemon.read_text() + "\nfrom dra_plugin.vendors.intel import ids  # noqa\n")
+    r = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode != 0
+    assert "Only the vendor registry names the vendors BROKEN" in r.stdout
+    assert "dra_plugin.daemon -> dra_plugin.vendors.intel.ids" in r.stdout
 
 
 def test_no_module_over_400_lines() -> None:
