@@ -173,7 +173,12 @@ class Cluster:
         return env
 
     def start_daemon(
-        self, *, pod_uid: str = "", env: Mapping[str, str] | None = None, args: Sequence[str] = ()
+        self,
+        *,
+        pod_uid: str = "",
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        module: str = "dra_plugin",
     ) -> Daemon:
         extra = dict(env or {})
         if pod_uid:
@@ -181,7 +186,7 @@ class Cluster:
         log = self.tmp / f"daemon-{len(self.daemons)}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "dra_plugin", "run", *args],
+                [sys.executable, "-m", module, "run", *args],
                 cwd=ROOT,
                 env=self.env(extra),
                 stdout=out,

@@ -1,0 +1,127 @@
+"""A fourth GPU vendor that exists only in the tests: "Acme", a DRM-style GPU read from a
+directory of its own (one subdirectory per card: `model`, `minor`, `busy`).
+
+It implements the vendor interface (dra_plugin.vendors.base) and nothing under
+dra_plugin/ knows it. `python -m tests.fakes.acme_vendor ARGS` registers it and runs the
+real `dra-plugin` entry point, as a downstream build would.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from dra_plugin.devices import Device, DeviceNode, make_device
+from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.options import Option, Raw
+from dra_plugin.telemetry import catalogue as t
+from dra_plugin.vendors.base import (
+    BasicSettings,
+    Discovered,
+    DoctorContext,
+    DrmScan,
+    Monitor,
+    ReadError,
+    TelemetryReader,
+    Vendor,
+    driver_name_option,
+    sharing_options,
+)
+
+ACME = "acme"
+DRIVER = "gpu.acme.example"
+ROOT_ENV = "ACME_ROOT"
+MAJOR = 511  # an unassigned character major: the runtime test never opens it
+
+
+@dataclass(frozen=True)
+class AcmeSettings(BasicSettings):
+    root: Path = Path("/acme")
+
+
+class AcmeReader:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+
+    def read(self, device: Device, now: float) -> list[t.Reading]:
+        try:
+            busy = float((self._root / device.name / "busy").read_text())
+        except (OSError, ValueError) as exc:
+            raise ReadError(f"{device.name}: {exc}") from exc
+        return [t.Reading(t.UTILIZATION, busy)]
+
+    def forget(self, name: str) -> None:
+        pass  # nothing kept per device
+
+    def close(self) -> None:
+        pass  # plain file reads
+
+
+class AcmeVendor(Vendor[AcmeSettings]):
+    name = ACME
+    title = "Acme"
+    pci_vendor_id = "0x1234"
+    kernel_drivers = ("acmegpu",)
+
+    def options(self) -> tuple[Option, ...]:
+        return (
+            driver_name_option(ACME, "Acme", DRIVER),
+            Option("--acme-root", ROOT_ENV, "directory describing the Acme cards", "/acme"),
+            *sharing_options(ACME, "Acme GPU", "one claim per GPU", "several claims share one"),
+        )
+
+    def configure(self, raw: Raw) -> AcmeSettings:
+        basic = BasicSettings.parse(ACME, raw)
+        return AcmeSettings(
+            basic.driver_name, basic.sharing_mode, basic.shares, Path(raw["acme_root"])
+        )
+
+    def discover(self, settings: AcmeSettings, scan: DrmScan, host_root: Path) -> Discovered:
+        cards = sorted(p for p in settings.root.glob("acme-*") if p.is_dir())
+        devices = tuple(
+            make_device(
+                name=card.name,
+                vendor=ACME,
+                driver=settings.driver_name,
+                attributes={"model": (card / "model").read_text().strip(), "type": "gpu"},
+                nodes=[DeviceNode(f"/dev/acme{minor}", MAJOR, minor)],
+            )
+            for card in cards
+            if (minor := int((card / "minor").read_text())) >= 0
+        )
+        notes = () if devices else (f"acme: no card under {settings.root}",)
+        return Discovered(devices, notes)
+
+    def telemetry(
+        self, settings: AcmeSettings, monitors: Sequence[Monitor]
+    ) -> TelemetryReader | None:
+        return AcmeReader(settings.root)
+
+    def doctor(self, settings: AcmeSettings, ctx: DoctorContext) -> list[Finding]:
+        if not ctx.enabled:
+            return []
+        cards = sorted(p.name for p in settings.root.glob("acme-*"))
+        return [Finding(Status.PASS, "acme", f"{len(cards)} Acme GPU(s): {', '.join(cards)}")]
+
+
+def write_cards(root: Path, count: int) -> None:
+    for i in range(count):
+        card = root / f"acme-{i}"
+        card.mkdir(parents=True, exist_ok=True)
+        (card / "model").write_text("Acme X1\n")
+        (card / "minor").write_text(f"{i}\n")
+        (card / "busy").write_text("0.42\n")
+
+
+def main() -> int:
+    from dra_plugin.__main__ import main as plugin_main
+    from dra_plugin.vendors import registry
+
+    registry.register(AcmeVendor())
+    return plugin_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
