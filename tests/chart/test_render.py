@@ -75,6 +75,8 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
         expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2
     if values["metrics"]["service"]["enabled"]:
         expected.append("Service")
+    if values["metrics"]["networkPolicy"]["enabled"]:
+        expected.append("NetworkPolicy")
     for vendor in ("intel", "nvidia", "amd"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
@@ -232,7 +234,9 @@ def test_amd_alone_is_a_valid_install() -> None:
     sets = "intel.enabled=false,nvidia.enabled=false,amd.enabled=true"
     proc = run_helm(*template_args(None, "--set", sets), check=False)
     assert proc.returncode == 0, proc.stderr
-    assert 'name: VENDORS\n              value: "amd"' in proc.stdout
+    ds = next(d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "DaemonSet")
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    assert {"name": "VENDORS", "value": "amd"} in container["env"]
 
 
 def test_kube_version_constraint() -> None:

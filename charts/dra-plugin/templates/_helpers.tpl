@@ -128,3 +128,81 @@ vendor section of values.yaml with `enabled` and `driverName` counts. */}}
 {{- end }}
 {{- toJson $names }}
 {{- end }}
+
+{{/* The container environment the chart sets (a YAML list): the env twins of the plugin's
+flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
+{{- define "dra-plugin.env" -}}
+{{- $hostRoot := eq (include "dra-plugin.hostRoot" .) "true" }}
+{{- $nvidiaRoot := include "dra-plugin.nvidiaDriverRoot" . }}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- /* Per-pod socket names, so the old and the new pod coexist during a rolling update. */}}
+- name: POD_UID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.uid
+- name: VENDORS
+  value: {{ include "dra-plugin.vendors" . | quote }}
+{{- if .Values.intel.enabled }}
+- name: INTEL_DRIVER_NAME
+  value: {{ .Values.intel.driverName | quote }}
+- name: INTEL_SHARING
+  value: {{ .Values.intel.sharing.mode | quote }}
+- name: INTEL_SHARES
+  value: {{ .Values.intel.sharing.shares | quote }}
+{{- end }}
+{{- if .Values.nvidia.enabled }}
+- name: NVIDIA_DRIVER_NAME
+  value: {{ .Values.nvidia.driverName | quote }}
+- name: NVIDIA_SHARING
+  value: {{ .Values.nvidia.sharing.mode | quote }}
+- name: NVIDIA_SHARES
+  value: {{ .Values.nvidia.sharing.shares | quote }}
+- name: NVIDIA_SHARED_MEMORY
+  value: {{ .Values.nvidia.sharing.memory | default false | quote }}
+- name: NVIDIA_CDI_STRATEGY
+  value: {{ .Values.nvidia.cdiStrategy | quote }}
+- name: NVIDIA_TOOLKIT_CDI_DIRS
+  value: {{ include "dra-plugin.toolkitCdiDirs" . | quote }}
+{{- if $nvidiaRoot }}
+- name: NVIDIA_DRIVER_ROOT
+  value: {{ $nvidiaRoot | quote }}
+{{- end }}
+{{- end }}
+{{- if .Values.amd.enabled }}
+- name: AMD_DRIVER_NAME
+  value: {{ .Values.amd.driverName | quote }}
+- name: AMD_RAS_POLL_SECONDS
+  value: {{ .Values.amd.rasPollSeconds | quote }}
+- name: AMD_SHARING
+  value: {{ .Values.amd.sharing.mode | quote }}
+- name: AMD_SHARES
+  value: {{ .Values.amd.sharing.shares | quote }}
+{{- end }}
+- name: KUBELET_REGISTRAR_DIRECTORY_PATH
+  value: {{ .Values.kubelet.registrarDir | quote }}
+- name: KUBELET_PLUGINS_DIRECTORY_PATH
+  value: {{ .Values.kubelet.pluginsDir | quote }}
+- name: CDI_ROOT
+  value: {{ .Values.cdi.root | quote }}
+- name: CDI_MAX_VERSION
+  value: {{ .Values.cdi.maxVersion | quote }}
+{{- if $hostRoot }}
+- name: HOST_ROOT
+  value: "/host"
+{{- end }}
+- name: HEALTH_TAINT_EFFECT
+  value: {{ .Values.health.taintEffect | quote }}
+- name: METRICS_PORT
+  value: {{ .Values.metrics.port | quote }}
+- name: TELEMETRY_INTERVAL_SECONDS
+  value: {{ .Values.metrics.telemetryIntervalSeconds | quote }}
+- name: SHUTDOWN_GRACE_SECONDS
+  value: {{ .Values.shutdownGraceSeconds | quote }}
+- name: LOG_LEVEL
+  value: {{ .Values.logging.level | quote }}
+- name: LOG_FORMAT
+  value: {{ .Values.logging.format | quote }}
+{{- end }}
