@@ -18,6 +18,7 @@ from dra_plugin import inventory
 from dra_plugin.cdi.claims import CdiOptions
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
+from dra_plugin.doctor import cdiroot
 from dra_plugin.host import hotplug, udev
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.kubelet import server
@@ -131,6 +132,7 @@ async def run(cfg: Config) -> int:
     cfg.cdi_root.mkdir(parents=True, exist_ok=True)
     for driver in drivers:
         cfg.plugin_dir(driver).mkdir(parents=True, exist_ok=True)
+    cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
 
     # 2. Discovery, logged once per vendor.
     inv = await asyncio.to_thread(inventory.discover, cfg)

@@ -1,4 +1,5 @@
-"""gRPC servicers (registration, DRA v1 + v1beta1, device health) and socket lifecycle.
+"""gRPC servicers (registration, DRA v1 + v1beta1) and socket lifecycle; health is
+healthservice.py's (v1 + v1alpha1 on the same DRA socket).
 
 One `DriverServer` per DRA driver name. It owns two unix sockets: the DRA service
 socket (started first, because the kubelet dials it as soon as registration succeeds)
@@ -13,7 +14,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -24,20 +25,18 @@ from dra_plugin._proto import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
-    health_v1alpha1_pb2,
-    health_v1alpha1_pb2_grpc,
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
 from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PrepareResult
-from dra_plugin.kubelet.health import DeviceHealthState, HealthTracker
+from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.kubelet.healthservice import HEALTH_SERVICES, add_health_services
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
 DRA_V1 = "v1.DRAPlugin"
 DRA_V1BETA1 = "v1beta1.DRAPlugin"
-HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
 PLUGIN_TYPE = "DRAPlugin"
 
 _T = TypeVar("_T")
@@ -171,44 +170,6 @@ class _DRAServicer:
         return await _timed(f"{self._version}/NodeUnprepareResources", call)
 
 
-_HEALTH_ENUM = {
-    "Healthy": health_v1alpha1_pb2.HEALTHY,
-    "Unhealthy": health_v1alpha1_pb2.UNHEALTHY,
-    "Unknown": health_v1alpha1_pb2.UNKNOWN,
-}
-
-
-def health_response(
-    states: Sequence[DeviceHealthState], timeout_seconds: int
-) -> health_v1alpha1_pb2.NodeWatchResourcesResponse:
-    resp = health_v1alpha1_pb2.NodeWatchResourcesResponse()
-    for s in states:
-        resp.devices.add(
-            device=health_v1alpha1_pb2.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
-            health=_HEALTH_ENUM[s.health.value],
-            last_updated_time=int(s.updated),
-            health_check_timeout_seconds=timeout_seconds,
-            message=s.message,
-        )
-    return resp
-
-
-class _HealthServicer:
-    def __init__(self, tracker: HealthTracker, driver: str, timeout_seconds: int) -> None:
-        self._tracker = tracker
-        self._driver = driver
-        self._timeout = timeout_seconds
-
-    async def NodeWatchResources(
-        self, request: Any, context: Any
-    ) -> AsyncIterator[health_v1alpha1_pb2.NodeWatchResourcesResponse]:
-        metrics.observe_rpc("v1alpha1/NodeWatchResources", "OK", 0.0)
-        # Re-send the full list at least every timeout/2 so the kubelet never ages a
-        # healthy device into Unknown just because nothing changed.
-        async for states in self._tracker.watch(self._driver, refresh=self._timeout / 2):
-            yield health_response(states, self._timeout)
-
-
 class _RegistrationServicer:
     def __init__(self, driver: str, endpoint: str, versions: Sequence[str]) -> None:
         self._driver = driver
@@ -261,7 +222,7 @@ class DriverServer:
         self._handler = handler
         self._health = health
         self._health_timeout = health_timeout_seconds
-        versions = [DRA_V1, DRA_V1BETA1] + ([HEALTH_V1ALPHA1] if health else [])
+        versions = [DRA_V1, DRA_V1BETA1] + (list(HEALTH_SERVICES) if health else [])
         self.registration = _RegistrationServicer(driver, str(dra_socket), versions)
         self._dra: grpc.aio.Server | None = None
         self._reg: grpc.aio.Server | None = None
@@ -283,9 +244,7 @@ class DriverServer:
             _DRAServicer(self._handler, dra_v1beta1_pb2, "v1beta1", self.driver), dra
         )
         if self._health is not None:
-            health_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
-                _HealthServicer(self._health, self.driver, self._health_timeout), dra
-            )
+            add_health_services(dra, self._health, self.driver, self._health_timeout)
         await self._listen(dra, self.dra_socket, 0o600)
         self._dra = dra
 

@@ -54,6 +54,13 @@ _SLICE_WRITES = Counter(
     ["driver", "verb"],
     registry=REGISTRY,
 )
+_CDI_ROOT_LISTED = Gauge(
+    "dra_plugin_cdi_root_listed",
+    "1 when containerd's config lists the CDI root (and CDI is on), 0 when not; absent "
+    "when the host's containerd config cannot be read",
+    ["cdi_root"],
+    registry=REGISTRY,
+)
 
 _HEALTH_VALUE = {"Healthy": 1.0, "Unhealthy": 0.0, "Unknown": -1.0}
 
@@ -78,6 +85,10 @@ def set_device_health(driver: str, device: str, health: str) -> None:
 def forget_device_health(driver: str, device: str) -> None:
     with contextlib.suppress(KeyError):  # never set: nothing to remove
         _HEALTH.remove(driver, device)
+
+
+def set_cdi_root_listed(cdi_root: str, listed: bool) -> None:
+    _CDI_ROOT_LISTED.labels(cdi_root).set(1.0 if listed else 0.0)
 
 
 def slice_write(driver: str, verb: str) -> None:

@@ -150,7 +150,8 @@ def test_example_is_valid(path: Path) -> None:
 
 def _check_talos_patch(docs: list[dict[str, object]]) -> None:
     """A Talos machine-config patch is not a Kubernetes object: check its shape and that
-    the containerd drop-in is valid TOML listing both CDI dirs."""
+    the containerd drop-in is valid TOML listing our CDI dir and keeping Talos 1.13+'s
+    /run/cdi (the NVIDIA extension's spec)."""
     (patch,) = docs
     files = patch["machine"]["files"]  # type: ignore[index]
     (drop_in,) = files
@@ -158,7 +159,7 @@ def _check_talos_patch(docs: list[dict[str, object]]) -> None:
     assert drop_in["op"] == "create"
     toml = tomllib.loads(drop_in["content"])
     runtime = toml["plugins"]["io.containerd.cri.v1.runtime"]
-    assert runtime["cdi_spec_dirs"] == ["/var/cdi/static", "/var/cdi/dynamic"]
+    assert runtime["cdi_spec_dirs"] == ["/run/cdi", "/var/cdi/static", "/var/cdi/dynamic"]
 
 
 def test_smoke_tests_do_what_they_say() -> None:

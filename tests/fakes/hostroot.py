@@ -192,6 +192,28 @@ class HostRoot:
     def talos_part(self, name: str, text: str) -> Path:
         return self.write(f"etc/cri/conf.d/{name}", text)
 
+    def talos_113(self, merged_dirs: Iterable[str] | None = ("/run/cdi",)) -> None:
+        """Talos 1.13+'s CRI layout (siderolabs/talos hack/cri-plugin.part, shipped as
+        00-base.part; hack/cri-containerd.toml, /etc/cri/containerd.toml). `merged_dirs`:
+        cdi_spec_dirs in the cri.toml Talos renders from every part and in-memory
+        CRICustomizationConfig document; None: not rendered (a bare fixture)."""
+        self.write("etc/os-release", 'NAME="Talos"\nID=talos\nVERSION_ID=v1.13.0\n')
+        self.containerd(
+            'version = 3\nimports = ["/etc/cri/conf.d/cri.toml"]\n', path="etc/cri/containerd.toml"
+        )
+        self.talos_part(
+            "00-base.part",
+            'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
+            '  enable_cdi = true\n  cdi_spec_dirs = ["/run/cdi"]\n',
+        )
+        if merged_dirs is not None:
+            dirs = ", ".join(f'"{d}"' for d in merged_dirs)
+            self.write(
+                "etc/cri/conf.d/cri.toml",
+                'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
+                f"  enable_cdi = true\n  cdi_spec_dirs = [{dirs}]\n",
+            )
+
     def dirs(self, *paths: str | Path) -> None:
         for p in paths:
             self.path(p).mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,11 @@ timeout, checks the answer the way the kubelet's DRA registration handler does,
 picks the service version (a 1.34+ kubelet takes the first entry of the plugin's list
 it knows; 1.32/1.33 know only v1beta1), reports the registration status, and then
 calls NodePrepareResources / NodeUnprepareResources on the advertised endpoint.
+
+Device health: 1.34-1.36 kubelets call v1alpha1.DRAResourceHealth whatever the plugin
+advertises; a 1.37 kubelet opens a stream only for an advertised health service and
+prefers v1 over v1alpha1 regardless of their order (kubernetes pkg/kubelet/cm/dra/plugin,
+pickHealthService).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from dra_plugin._proto import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
     health_v1alpha1_pb2,
     health_v1alpha1_pb2_grpc,
     pluginregistration_pb2,
@@ -37,7 +44,15 @@ KNOWN_VERSIONS = {
     (1, 33): ("v1beta1.DRAPlugin",),
     (1, 34): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
     (1, 35): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+    (1, 36): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
+    (1, 37): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
 }
+HEALTH_V1 = "v1.DRAResourceHealth"
+HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
+# Kubelets that pick the health service from the advertised list, most preferred first.
+HEALTH_BY_MARKER = {(1, 37): (HEALTH_V1, HEALTH_V1ALPHA1)}
+# Kubelets that call v1alpha1 without looking at the list.
+HEALTH_UNCONDITIONAL = {(1, 34), (1, 35), (1, 36)}
 
 
 class RegistrationRejected(AssertionError):
@@ -57,6 +72,7 @@ class Plugin:
     info: pluginregistration_pb2.PluginInfo
     version: str  # "v1" or "v1beta1"
     channel: grpc.Channel = field(repr=False)
+    health_version: str | None = None  # "v1", "v1alpha1", or None: no health stream
 
     def _stub_and_pb(self) -> tuple[Any, Any]:
         if self.version == "v1":
@@ -78,12 +94,16 @@ class Plugin:
         return stub.NodeUnprepareResources(req, timeout=timeout)
 
     def watch_health(self, timeout: float = 10.0) -> Iterator[Any]:
-        stub = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self.channel)
-        return iter(
-            stub.NodeWatchResources(
-                health_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=timeout
-            )
-        )
+        """The health stream on the version this kubelet chose at registration."""
+        if self.health_version == "v1":
+            stub: Any = health_v1_pb2_grpc.DRAResourceHealthStub(self.channel)
+            req: Any = health_v1_pb2.NodeWatchResourcesRequest()
+        elif self.health_version == "v1alpha1":
+            stub = health_v1alpha1_pb2_grpc.DRAResourceHealthStub(self.channel)
+            req = health_v1alpha1_pb2.NodeWatchResourcesRequest()
+        else:
+            raise AssertionError(f"this kubelet opens no health stream to {self.info.name}")
+        return iter(stub.NodeWatchResources(req, timeout=timeout))
 
     def close(self) -> None:
         self.channel.close()
@@ -112,6 +132,14 @@ class Kubelet:
         raise RegistrationRejected(
             f"none of {list(offered)} is supported by a {self.version} kubelet"
         )
+
+    def _choose_health(self, offered: Sequence[str]) -> str | None:
+        if self.version in HEALTH_UNCONDITIONAL:
+            return "v1alpha1"
+        for service in HEALTH_BY_MARKER.get(self.version, ()):
+            if service in offered:
+                return service.split(".", 1)[0]
+        return None
 
     def _validate(self, path: Path, info: Any) -> None:
         if info.type != "DRAPlugin":
@@ -146,7 +174,8 @@ class Kubelet:
                 timeout=GET_INFO_TIMEOUT,
             )
         channel = grpc.insecure_channel(f"unix://{info.endpoint}")
-        plugin = Plugin(reg_socket, info, version, channel)
+        health = self._choose_health(list(info.supported_versions))
+        plugin = Plugin(reg_socket, info, version, channel, health)
         if accept:
             old = self.plugins.get(info.name)
             if old is not None:

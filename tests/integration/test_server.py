@@ -53,7 +53,9 @@ class ScriptedHandler:
 
 
 class Running:
-    def __init__(self, tmp: Path, health: HealthTracker | None = None) -> None:
+    def __init__(
+        self, tmp: Path, health: HealthTracker | None = None, health_timeout: int = 30
+    ) -> None:
         self.registry = tmp / "plugins_registry"
         self.plugins = tmp / "plugins"
         self.handler = ScriptedHandler()
@@ -65,7 +67,7 @@ class Running:
             registration_socket=self.registry / "gpu.example.com-reg.sock",
             handler=self.handler,
             health=health,
-            health_timeout_seconds=30,
+            health_timeout_seconds=health_timeout,
         )
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()

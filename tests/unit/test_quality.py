@@ -86,6 +86,7 @@ def test_proto_wire_names() -> None:
     from dra_plugin._proto import (
         dra_v1_pb2,
         dra_v1beta1_pb2,
+        health_v1_pb2,
         health_v1alpha1_pb2,
         pluginregistration_pb2,
     )
@@ -111,13 +112,25 @@ def test_proto_wire_names() -> None:
         "share_id": 5,
     }
     assert "share_id" not in dra_v1beta1_pb2.Device.DESCRIPTOR.fields_by_name
-    dh = health_v1alpha1_pb2.DeviceHealth.DESCRIPTOR.fields_by_name
-    assert {n: f.number for n, f in dh.items()} == {
-        "device": 1,
-        "health": 2,
-        "last_updated_time": 3,
-        "health_check_timeout_seconds": 4,
-        "message": 5,
-    }
+    assert health_v1_pb2.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name == (
+        "v1.DRAResourceHealth"
+    )
+    for pb in (health_v1alpha1_pb2, health_v1_pb2):
+        dh = pb.DeviceHealth.DESCRIPTOR.fields_by_name
+        assert {n: f.number for n, f in dh.items()} == {
+            "device": 1,
+            "health": 2,
+            "last_updated_time": 3,
+            "health_check_timeout_seconds": 4,
+            "message": 5,
+        }
+        ident = pb.DeviceIdentifier.DESCRIPTOR.fields_by_name
+        assert {n: f.number for n, f in ident.items()} == {"pool_name": 1, "device_name": 2}
+        assert pb.NodeWatchResourcesResponse.DESCRIPTOR.fields_by_name["devices"].number == 1
+        assert {v.name: v.number for v in pb.HealthStatus.DESCRIPTOR.values} == {
+            "UNKNOWN": 0,
+            "HEALTHY": 1,
+            "UNHEALTHY": 2,
+        }
     claim = dra_v1_pb2.Claim.DESCRIPTOR.fields_by_name
     assert {n: f.number for n, f in claim.items()} == {"namespace": 1, "uid": 2, "name": 3}
