@@ -78,6 +78,7 @@ class Config:
     nvidia_shared_memory: bool = False
     amd_sharing: str = EXCLUSIVE
     amd_shares: int = DEFAULT_SHARES
+    device_metadata: bool = False
     output: str = "table"
 
     # --- derived paths -------------------------------------------------------------
@@ -244,6 +245,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         nvidia_shared_memory=raw["nvidia_shared_memory"] == "true",
         amd_sharing=raw["amd_sharing"],
         amd_shares=shares["amd_shares"],
+        device_metadata=raw["device_metadata"] == "true",
         output=getattr(ns, "output", "table"),
     )
     if cfg.metrics_port > 65535:

@@ -173,6 +173,14 @@ _RUN = (
         "comma-separated XIDs that do not mark a GPU unhealthy",
         ",".join(str(x) for x in DEFAULT_XID_IGNORE),
     ),
+    Option(
+        "--device-metadata",
+        "DEVICE_METADATA",
+        "write each prepared request's device metadata file and mount it into containers "
+        "(KEP-5304, beta in Kubernetes 1.37)",
+        "false",
+        ("true", "false"),
+    ),
 )
 
 COMMANDS: dict[str, tuple[str, tuple[Option, ...]]] = {

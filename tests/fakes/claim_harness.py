@@ -134,6 +134,7 @@ def preparer(
     on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
+    device_metadata: bool = False,
 ) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
@@ -148,6 +149,7 @@ def preparer(
         on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
+        device_metadata=device_metadata,
     )
 
 

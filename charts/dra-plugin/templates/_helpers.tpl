@@ -128,3 +128,16 @@ vendor section of values.yaml with `enabled` and `driverName` counts. */}}
 {{- end }}
 {{- toJson $names }}
 {{- end }}
+
+{{/*
+DEVICE_METADATA: cdi.deviceMetadata, where "auto" means on for Kubernetes 1.37+ (KEP-5304
+beta) as `helm install` sees the cluster (or --kube-version for `helm template`).
+*/}}
+{{- define "dra-plugin.deviceMetadata" -}}
+{{- $v := .Values.cdi.deviceMetadata -}}
+{{- if eq (toString $v) "auto" -}}
+{{- semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version -}}
+{{- else -}}
+{{- toString $v -}}
+{{- end -}}
+{{- end }}
