@@ -4,6 +4,7 @@ when containerd does not list its CDI root, and the gauge on /metrics."""
 from __future__ import annotations
 
 import socket
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -25,8 +26,11 @@ def _free_port() -> int:
 
 
 def _metrics(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        return str(r.read().decode())
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+    except urllib.error.URLError:  # not listening yet: metrics start after the sockets
+        return ""
 
 
 @pytest.mark.parametrize("listed", [False, True])
