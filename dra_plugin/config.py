@@ -60,6 +60,7 @@ class Config:
     shutdown_grace_seconds: float = 10.0
     health_check_timeout_seconds: int = 30
     taint_effect: str = "NoSchedule"
+    device_metadata: bool = False
     output: str = "table"
 
     # --- per vendor ----------------------------------------------------------------
@@ -215,6 +216,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
             number("HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)
         ),
         taint_effect=raw["taint_effect"],
+        device_metadata=raw["device_metadata"] == "true",
         output=getattr(ns, "output", "table"),
     )
     if cfg.metrics_port > 65535:

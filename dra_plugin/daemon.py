@@ -169,6 +169,7 @@ async def run(cfg: Config) -> int:
             devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
             on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
             sharing=sharing.get(driver),
+            device_metadata=cfg.device_metadata,
         )
         await preparer.startup()
         preparers[driver] = preparer

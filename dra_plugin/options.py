@@ -92,6 +92,14 @@ RUN = (
         "NoSchedule",
         TAINT_EFFECTS,
     ),
+    Option(
+        "--device-metadata",
+        "DEVICE_METADATA",
+        "write each prepared request's device metadata file and mount it into containers "
+        "(KEP-5304, beta in Kubernetes 1.37)",
+        "false",
+        ("true", "false"),
+    ),
 )
 
 

@@ -80,6 +80,9 @@ class ClaimRecord:
     boot_id: str = ""  # the boot in which the spec file was last rendered
     recovered: bool = False  # rebuilt from a spec file: request names unknown
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    # Device metadata files written (devicemetadata.Recorded as JSON); None: none. Optional
+    # in the file, so checkpoints written without it load unchanged.
+    device_metadata: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -113,6 +116,7 @@ def _claim_json(c: ClaimRecord) -> dict[str, Any]:
         "bootId": c.boot_id,
         "recovered": c.recovered,
         "devices": [_device_json(d) for d in c.devices],
+        **({"deviceMetadata": c.device_metadata} if c.device_metadata is not None else {}),
     }
 
 
@@ -184,11 +188,13 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
         boot_id=_str(raw, "bootId", ""),
         recovered=raw.get("recovered") is True,
         extra={k: v for k, v in raw.items() if k not in _CLAIM_KEYS},
+        device_metadata=meta if isinstance(meta := raw.get("deviceMetadata"), dict) else None,
     )
 
 
 _DEVICE_KEYS = {"requestNames", "pool", "device", "cdiIds", "shareId", "adminAccess", "shares"}
 _CLAIM_KEYS = {"uid", "namespace", "name", "state", "specFile", "bootId", "recovered", "devices"}
+_CLAIM_KEYS.add("deviceMetadata")
 
 
 def decode(raw: bytes, driver: str) -> State:

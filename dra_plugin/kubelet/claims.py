@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.devices import Device
 from dra_plugin.kubeapi import ApiError, NotFoundError
-from dra_plugin.kubelet import recovery
+from dra_plugin.kubelet import devicemetadata, recovery
 from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
@@ -95,6 +95,7 @@ class ClaimPreparer:
         on_held: Callable[[set[str]], None] | None = None,
         boot_id: Callable[[], str] = read_boot_id,
         sharing: Sharing | None = None,
+        device_metadata: bool = False,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -107,6 +108,8 @@ class ClaimPreparer:
         self._on_held = on_held
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
+        self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
+        self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         self._lock = asyncio.Lock()
         self.held: set[str] = set()
 
@@ -172,11 +175,12 @@ class ClaimPreparer:
         return result, held
 
     def _settle(self, state: State) -> bool:
-        return recovery.settle(state, self.cdi_root)
+        return recovery.settle(state, self.cdi_root, self._metadata.remove_record)
 
     def _startup(self, state: State) -> None:
         self._checkpoint.remove_temp_files()
         recovery.collect_orphans(state, self.cdi_root, self.driver)
+        self._metadata.collect_orphans(state.claims.values())
 
     def _rebuild(self) -> dict[str, ClaimRecord]:
         return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
@@ -258,7 +262,8 @@ class ClaimPreparer:
                     holdings=holdings,
                 )
                 rendered = self._render(ref.uid, [c.device for c in chosen]) if chosen else None
-            except (ClaimError, cdi.CdiError) as exc:
+                meta = self._metadata.plan(ref.uid, got, chosen) if self.device_metadata else None
+            except (ClaimError, cdi.CdiError, devicemetadata.MetadataError) as exc:
                 holdings.rollback(mark)  # a refused claim blocks none after it in this call
                 msg = str(exc) if isinstance(exc, ClaimError) else f"{ref}: {exc}"
                 out[ref.uid] = PrepareResult(error=msg)
@@ -287,6 +292,7 @@ class ClaimPreparer:
                     rendered.file_name,
                     records,
                     boot_id=self._checkpoint.boot_id,
+                    device_metadata=meta,
                 ),
                 rendered,
             )
@@ -309,6 +315,8 @@ class ClaimPreparer:
                 out[uid] = PrepareResult(error=f"{_who(rec)}: cannot write CDI spec: {exc}")
                 continue
             self._step("spec-written")
+            if rec.device_metadata is not None:
+                pending[uid] = (self._metadata.write_or_drop(rec, devices), rendered)
         # Phase 3: done.
         for uid, (rec, _) in pending.items():
             state.claims[uid] = replace(rec, state=COMPLETED)
@@ -322,9 +330,8 @@ class ClaimPreparer:
         self, state: State, rec: ClaimRecord, devices: Mapping[str, Device]
     ) -> ClaimRecord:
         """Idempotent re-prepare: re-create the spec if it vanished or predates this boot."""
-        if not rec.spec_file or (
-            rec.boot_id == self._checkpoint.boot_id and (self.cdi_root / rec.spec_file).exists()
-        ):
+        fresh = rec.boot_id == self._checkpoint.boot_id and self._metadata.present(rec)
+        if not rec.spec_file or (fresh and (self.cdi_root / rec.spec_file).exists()):
             return rec
         chosen = []
         for d in rec.devices:
@@ -336,6 +343,8 @@ class ClaimPreparer:
             chosen.append(dev)
         rendered = self._render(rec.uid, chosen)
         cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+        if rec.device_metadata is not None:
+            self._metadata.write(rec, devices)  # raises: this claim's error, retried next time
         rec = replace(
             rec,
             boot_id=self._checkpoint.boot_id,
@@ -368,6 +377,11 @@ class ClaimPreparer:
             except OSError as exc:
                 out[ref.uid] = f"{ref}: cannot remove CDI spec {name}: {exc}"
                 continue  # stays `unpreparing`; the next lock holder retries
+            try:
+                self._metadata.remove(ref.namespace, ref.name, ref.uid, rec)
+            except OSError as exc:
+                out[ref.uid] = f"{ref}: {exc}"
+                continue
             if rec is not None:
                 del state.claims[ref.uid]
                 log.info("unprepared %s", ref)

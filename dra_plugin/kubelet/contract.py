@@ -13,6 +13,7 @@ from typing import Protocol
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.devices import is_dns_label, is_dns_subdomain
+from dra_plugin.kubelet import devicemetadata
 from dra_plugin.kubelet.checkpoint import ClaimRecord
 
 
@@ -74,9 +75,13 @@ def check_ref(ref: ClaimRef) -> str:
 
 
 def prepared_result(rec: ClaimRecord) -> PrepareResult:
+    # Device metadata CDI IDs ride with the first device of each request (as the library).
+    ids = devicemetadata.inject(
+        [(d.request_names, d.cdi_ids) for d in rec.devices], devicemetadata.recorded(rec)
+    )
     return PrepareResult(
         devices=tuple(
-            PreparedDevice(d.request_names, d.pool, d.device, d.cdi_ids, d.share_id)
-            for d in rec.devices
+            PreparedDevice(d.request_names, d.pool, d.device, i, d.share_id)
+            for d, i in zip(rec.devices, ids, strict=True)
         )
     )

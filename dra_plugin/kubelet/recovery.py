@@ -9,6 +9,7 @@ record owns are removed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
@@ -28,8 +29,13 @@ def who(rec: ClaimRecord) -> str:
     return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
 
 
-def settle(state: State, cdi_root: Path) -> bool:
-    """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone."""
+def settle(
+    state: State, cdi_root: Path, also: Callable[[ClaimRecord], object] | None = None
+) -> bool:
+    """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone.
+
+    `also` removes what else a record owns (device metadata); OSError keeps the entry.
+    """
     changed = False
     for uid, rec in list(state.claims.items()):
         if rec.state not in (STARTED, UNPREPARING):
@@ -37,6 +43,8 @@ def settle(state: State, cdi_root: Path) -> bool:
         try:
             if rec.spec_file:
                 cdi.remove_spec(cdi_root, rec.spec_file)
+            if also is not None:
+                also(rec)
         except OSError as exc:
             log.error("cannot remove CDI spec uid=%s file=%s error=%s", uid, rec.spec_file, exc)
             continue

@@ -85,14 +85,19 @@ def _attribute(value: bool | int | str | Version) -> Obj:
     return {"string": value}
 
 
+def published_attributes(device: Device) -> dict[str, Obj]:
+    """The device's attributes as its ResourceSlice entry has them."""
+    attributes = {key: _attribute(value) for key, value in device.attributes}
+    # Health is published as an attribute so selectors and humans can see it.
+    attributes.setdefault(HEALTH_ATTRIBUTE, {"string": device.health.value})
+    return attributes
+
+
 def device_fields(
     device: Device, driver: str, taint_effect: str, now: str, sharing: Sharing | None = None
 ) -> Obj:
     """The version-neutral device body (attributes, capacity, taints) without the name."""
-    attributes = {key: _attribute(value) for key, value in device.attributes}
-    # Health is published as an attribute so selectors and humans can see it.
-    attributes.setdefault(HEALTH_ATTRIBUTE, {"string": device.health.value})
-    body: Obj = {"attributes": attributes}
+    body: Obj = {"attributes": published_attributes(device)}
     if sharing is not None:
         body["allowMultipleAllocations"] = True
         body["capacity"] = shared_capacity(dict(device.capacity), sharing)

@@ -139,6 +139,7 @@ def preparer(
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
     nvidia_strategy: str = "auto",
+    device_metadata: bool = False,
 ) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
@@ -154,6 +155,7 @@ def preparer(
         on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
+        device_metadata=device_metadata,
     )
 
 

@@ -132,6 +132,8 @@ class Podman:
             *command,
         ]  # fmt: skip
         upper, workdir = self.work / "dev-upper", self.work / "dev-work"
+        for d in (upper, workdir):  # a fresh /dev overlay per run: earlier stand-ins stay out
+            shutil.rmtree(d, ignore_errors=True)
         for d in (upper, workdir, self.work / "tmp"):
             d.mkdir(parents=True, exist_ok=True)
         lines = [

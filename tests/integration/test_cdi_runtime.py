@@ -20,7 +20,8 @@ import pytest
 
 from dra_plugin.cdi import rules as cdispec
 from tests.fakes import podman as rt
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster
+from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from tests.fakes.kubelet import Claim
 from tests.fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -150,3 +151,55 @@ def test_runtime_accepts_the_lowest_cdi_version_we_write(
     assert accepted == list(cdispec.KNOWN_VERSIONS[: len(accepted)]), accepted
     assert spec["cdiVersion"] in accepted, (spec["cdiVersion"], accepted, rt.versions())
     print(f"{rt.versions()}: accepts cdiVersion {accepted[0]}..{accepted[-1]}")
+
+
+def test_pod_reads_its_device_metadata(runtime: rt.Podman, tmp_path: Path) -> None:
+    """KEP-5304 end to end: with DEVICE_METADATA=true a container finds its metadata file
+    at the well-known path (directly named claim and template claim) and in it the pciBusID
+    its GPU is published with."""
+    cluster = Cluster(tmp_path, profile="empty", nvml_profile="datacenter")
+    try:
+        cluster.start_daemon(env={"VENDORS": "nvidia", "DEVICE_METADATA": "true"}).wait_ready(
+            [NVIDIA]
+        )
+        plugin = cluster.kubelet().wait_for(NVIDIA)
+        gpus = cluster.wait_for("slices", lambda: sorted(cluster.published(NVIDIA))[:2])
+        assert len(gpus) == 2
+        bus_ids = {
+            d["name"]: d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+            for s in cluster.slices(NVIDIA)
+            for d in s["spec"]["devices"]
+        }
+        direct = cluster.add_claim("direct", NVIDIA, gpus[0])
+        obj = allocated_claim(
+            "pod-accel-x7k2p", [{"request": "gpu", "driver": NVIDIA, "pool": cluster.node,
+                                 "device": gpus[1]}]
+        )  # fmt: skip
+        obj["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "accel"}
+        stored = cluster.api.add_claim(obj)
+        template = Claim("default", stored["metadata"]["uid"], "pod-accel-x7k2p")
+        base = "/var/run/kubernetes.io/dra-device-attributes"
+        for claim, path, device in (
+            (direct, f"{base}/resourceclaims/direct/gpu/{NVIDIA}-metadata.json", gpus[0]),
+            (template, f"{base}/resourceclaimtemplates/accel/gpu/{NVIDIA}-metadata.json", gpus[1]),
+        ):
+            resp = plugin.prepare([claim]).claims[claim.uid]
+            assert resp.error == ""
+            ids = [i for d in resp.devices for i in d.cdi_device_ids]
+            assert ids[-1] == f"{NVIDIA}/metadata={claim.uid}_gpu"
+            r = runtime.run(cluster.cdi, ids, ["cat", path], standin_nodes=CONTROL_STANDINS)
+            assert r.returncode == 0, r.stderr
+            doc = json.loads(r.stdout)  # one object: the stream has one version today
+            assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
+            assert doc["metadata"]["name"] == claim.name
+            (dev,) = doc["requests"][0]["devices"]
+            assert dev["name"] == device
+            pci = dev["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+            assert pci == bus_ids[device]
+            # Read-only inside the container.
+            w = runtime.run(
+                cluster.cdi, ids, ["sh", "-c", f"echo x > {path}"], standin_nodes=CONTROL_STANDINS
+            )
+            assert w.returncode != 0
+    finally:
+        cluster.close()

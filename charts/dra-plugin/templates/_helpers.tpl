@@ -189,6 +189,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.cdi.root | quote }}
 - name: CDI_MAX_VERSION
   value: {{ .Values.cdi.maxVersion | quote }}
+- name: DEVICE_METADATA
+  value: {{ include "dra-plugin.deviceMetadata" . | quote }}
 {{- if $hostRoot }}
 - name: HOST_ROOT
   value: "/host"
@@ -205,4 +207,15 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.logging.level | quote }}
 - name: LOG_FORMAT
   value: {{ .Values.logging.format | quote }}
+{{/*
+DEVICE_METADATA: cdi.deviceMetadata, where "auto" means on for Kubernetes 1.37+ (KEP-5304
+beta) as `helm install` sees the cluster (or --kube-version for `helm template`).
+*/}}
+{{- define "dra-plugin.deviceMetadata" -}}
+{{- $v := .Values.cdi.deviceMetadata -}}
+{{- if eq (toString $v) "auto" -}}
+{{- semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version -}}
+{{- else -}}
+{{- toString $v -}}
+{{- end -}}
 {{- end }}

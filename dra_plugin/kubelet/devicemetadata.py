@@ -1,0 +1,338 @@
+"""Device metadata files (KEP-5304), as the kubelet plugin library writes them for Go drivers.
+
+Per prepared claim and (base) request:
+- the file `<plugin dir>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`: a JSON
+  stream of `metadata.resource.k8s.io/v1alpha1` DeviceMetadata objects (one version today),
+  each pretty-printed and followed by a newline;
+- its CDI spec `<cdi root>/<driver>_metadata_<claimUID>_<request>.json` (kind
+  `<driver>/metadata`, device `<claimUID>_<request>`, cdiVersion 0.5.0) bind-mounting it
+  read-only at `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
+  <request>/<driver>-metadata.json` (`resourceclaimtemplates/<pod claim name>/...` for
+  claims made from a template);
+- its CDI ID, answered with the first device of that request, after the device's own IDs.
+Byte layout follows Go's encoding/json (MarshalIndent, struct field order, HTML escaping).
+
+What was written is recorded in the claim's checkpoint entry (`ClaimRecord.device_metadata`,
+see `record`), so unprepare, crash recovery and start-up GC need no claim object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from dra_plugin.cdi.rules import validate_spec
+from dra_plugin.devices import Device, is_dns_label
+from dra_plugin.host.files import atomic_write
+from dra_plugin.kubelet.allocation import Chosen
+from dra_plugin.kubelet.checkpoint import ClaimRecord
+from dra_plugin.kubelet.recovery import who
+from dra_plugin.slices.build import published_attributes
+
+log = logging.getLogger(__name__)
+
+SUBDIR = "dra-device-metadata"
+FILE_NAME = "metadata.json"
+API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+KIND = "DeviceMetadata"
+CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+CDI_VERSION = "0.5.0"
+FILE_MODE = 0o644
+DIR_MODE = 0o755
+
+
+class MetadataError(OSError):
+    """A metadata file or spec could not be written or removed, or a request name cannot
+    become a path; the message says which."""
+
+
+@dataclass(frozen=True)
+class Request:
+    name: str  # base request: file paths and CDI names
+    ref: str  # as allocated ("gpu/large" for a subrequest): recorded in the file
+    cdi_id: str
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """The checkpoint's `deviceMetadata` entry of one claim."""
+
+    pod_claim_name: str | None
+    requests: tuple[Request, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "podClaimName": self.pod_claim_name,
+            "requests": [
+                {"name": r.name, "request": r.ref, "cdiId": r.cdi_id} for r in self.requests
+            ],
+        }
+
+    @staticmethod
+    def from_json(raw: Mapping[str, Any] | None) -> Recorded | None:
+        if not isinstance(raw, Mapping):
+            return None
+        pod = raw.get("podClaimName")
+        reqs = []
+        for r in raw.get("requests") or []:
+            ok = isinstance(r, Mapping) and all(isinstance(r.get(k), str) for k in _REQ_KEYS)
+            if ok and is_dns_label(r["name"]):  # the name becomes a path segment
+                reqs.append(Request(r["name"], r["request"], r["cdiId"]))
+        return Recorded(pod if isinstance(pod, str) and pod else None, tuple(reqs))
+
+
+_REQ_KEYS = ("name", "request", "cdiId")
+
+
+def recorded(rec: ClaimRecord) -> Recorded | None:
+    return Recorded.from_json(rec.device_metadata)
+
+
+def cdi_id(driver: str, claim_uid: str, request: str) -> str:
+    return f"{driver}/metadata={claim_uid}_{request}"
+
+
+def inject(
+    ids_by_device: Sequence[tuple[tuple[str, ...], tuple[str, ...]]], rec: Recorded | None
+) -> list[tuple[str, ...]]:
+    """Each device's CDI IDs, given (request names, ids) per device in answer order: the
+    metadata ID of a request goes with the first device of that request only."""
+    by_request = {r.name: r.cdi_id for r in rec.requests} if rec else {}
+    done: set[str] = set()
+    out = []
+    for requests, ids in ids_by_device:
+        extra = []
+        for name in requests:
+            if name in by_request and name not in done:
+                extra.append(by_request[name])
+                done.add(name)
+        out.append((*ids, *extra))
+    return out
+
+
+def go_json(obj: Any) -> bytes:
+    """json.MarshalIndent(obj, "", "  ") as Go writes it (dicts keep the order given)."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
+        text = text.replace(ch, esc)
+    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
+
+
+def plan(
+    driver: str, claim_uid: str, claim: Mapping[str, Any], results: Iterable[tuple[str, str]]
+) -> Recorded | None:
+    """What to write for a claim, from (base request, request as allocated) per result;
+    None when no result is ours."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    pod = annotations.get(POD_CLAIM_ANNOTATION)
+    seen: dict[str, str] = {}
+    for base, ref in results:
+        if not is_dns_label(base):
+            raise MetadataError(f"request name {base!r} is not a DNS label")
+        seen.setdefault(base, ref)
+    if not seen:
+        return None
+    reqs = tuple(Request(b, r, cdi_id(driver, claim_uid, b)) for b, r in sorted(seen.items()))
+    return Recorded(pod if isinstance(pod, str) and pod else None, reqs)
+
+
+class MetadataFiles:
+    """The files of one driver: host metadata under its plugin dir, CDI specs in cdi_root."""
+
+    def __init__(self, driver: str, plugin_dir: Path, cdi_root: Path) -> None:
+        self.driver = driver
+        self.base = plugin_dir / SUBDIR
+        self.cdi_root = cdi_root
+        self._spec = re.compile(
+            rf"^{re.escape(driver)}_metadata_(?P<uid>[a-z0-9-]+)_(?P<req>[a-z0-9-]+)\.json$"
+        )
+
+    def plan(
+        self, claim_uid: str, claim: Mapping[str, Any], chosen: Sequence[Chosen]
+    ) -> dict[str, Any] | None:
+        """The checkpoint entry for a claim about to be prepared (None: nothing to write)."""
+        results = [(c.request, str(c.result.get("request") or c.request)) for c in chosen]
+        got = plan(self.driver, claim_uid, claim, results)
+        return got.to_json() if got is not None else None
+
+    # --- paths -------------------------------------------------------------------------
+    def claim_dir(self, namespace: str, name: str) -> Path:
+        return self.base / f"{namespace}_{name}"
+
+    def host_file(self, namespace: str, name: str, request: str) -> Path:
+        return self.claim_dir(namespace, name) / request / FILE_NAME
+
+    def spec_file(self, claim_uid: str, request: str) -> Path:
+        return self.cdi_root / f"{self.driver}_metadata_{claim_uid}_{request}.json"
+
+    def container_path(self, claim_name: str, pod_claim_name: str | None, request: str) -> str:
+        where = (
+            f"resourceclaimtemplates/{pod_claim_name}"
+            if pod_claim_name
+            else (f"resourceclaims/{claim_name}")
+        )
+        return f"{CONTAINER_DIR}/{where}/{request}/{self.driver}-metadata.json"
+
+    # --- rendering (pure) ----------------------------------------------------------------
+    def document(
+        self, rec: ClaimRecord, meta: Recorded, req: Request, devices: Mapping[str, Device]
+    ) -> bytes:
+        listed = []
+        for d in rec.devices:
+            if req.name not in d.request_names:
+                continue
+            entry: dict[str, Any] = {"driver": self.driver, "pool": d.pool, "name": d.device}
+            dev = devices.get(d.device)
+            attrs = published_attributes(dev) if dev is not None else {}
+            if attrs:
+                entry["attributes"] = dict(sorted(attrs.items()))
+            listed.append(entry)
+        obj: dict[str, Any] = {
+            "kind": KIND,
+            "apiVersion": API_VERSION,
+            "metadata": {
+                "name": rec.name,
+                "namespace": rec.namespace,
+                "uid": rec.uid,
+                "generation": 1,
+            },
+        }
+        if meta.pod_claim_name:
+            obj["podClaimName"] = meta.pod_claim_name
+        request: dict[str, Any] = {"name": req.ref}
+        if listed:
+            request["devices"] = listed
+        obj["requests"] = [request]
+        return go_json(obj) + b"\n"  # one object per metadata version, each on its own
+
+    def spec(self, rec: ClaimRecord, meta: Recorded, req: Request) -> dict[str, Any]:
+        mount = {
+            "hostPath": str(self.host_file(rec.namespace, rec.name, req.name)),
+            "containerPath": self.container_path(rec.name, meta.pod_claim_name, req.name),
+            "options": ["ro", "bind"],
+        }
+        return {
+            "cdiVersion": CDI_VERSION,
+            "kind": f"{self.driver}/metadata",
+            "devices": [{"name": f"{rec.uid}_{req.name}", "containerEdits": {"mounts": [mount]}}],
+        }
+
+    # --- side effects --------------------------------------------------------------------
+    def write(self, rec: ClaimRecord, devices: Mapping[str, Device]) -> None:
+        """Write every file the record lists (atomically); MetadataError says what failed."""
+        meta = recorded(rec)
+        for req in meta.requests if meta else ():
+            assert meta is not None
+            spec = self.spec(rec, meta, req)
+            errors = validate_spec(spec)
+            if errors:
+                raise MetadataError(
+                    f"metadata CDI spec for request {req.name}: {'; '.join(errors)}"
+                )
+            host = self.host_file(rec.namespace, rec.name, req.name)
+            try:
+                host.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                atomic_write(host, self.document(rec, meta, req, devices), FILE_MODE)
+                self.cdi_root.mkdir(parents=True, exist_ok=True)
+                atomic_write(self.spec_file(rec.uid, req.name), go_json(spec), FILE_MODE)
+            except OSError as exc:
+                raise MetadataError(f"request {req.name}: {exc}") from exc
+
+    def write_or_drop(self, rec: ClaimRecord, devices: Mapping[str, Device]) -> ClaimRecord:
+        """As the library does: a claim whose metadata cannot be written is still prepared,
+        without its metadata (logged); what was written of it is removed."""
+        try:
+            self.write(rec, devices)
+            return rec
+        except OSError as exc:
+            log.error("%s: device metadata not written: %s", who(rec), exc)
+            with contextlib.suppress(OSError):
+                self.remove_record(rec)
+            return replace(rec, device_metadata=None)
+
+    def remove_record(self, rec: ClaimRecord) -> bool:
+        return self.remove(rec.namespace, rec.name, rec.uid, rec)
+
+    def present(self, rec: ClaimRecord) -> bool:
+        meta = recorded(rec)
+        return all(
+            self.spec_file(rec.uid, r.name).is_file()
+            and self.host_file(rec.namespace, rec.name, r.name).is_file()
+            for r in (meta.requests if meta else ())
+        )
+
+    def remove(self, namespace: str, name: str, claim_uid: str, rec: ClaimRecord | None) -> bool:
+        """Remove a claim's files; True if any was there. Raises MetadataError.
+
+        With a record: the files it lists, and the claim dir once empty. Without one (a UID
+        we do not know): every spec file of the UID, as the library's glob does, but not
+        the claim dir, which is named by namespace/name that a newer claim may reuse. A
+        record without metadata costs nothing here.
+        """
+        meta = recorded(rec) if rec is not None else None
+        if rec is not None and meta is None:
+            return False
+        removed = False
+        try:
+            if meta is None:
+                specs = list(self.cdi_root.glob(f"{self.driver}_metadata_{claim_uid}_*.json"))
+            else:
+                specs = [self.spec_file(claim_uid, r.name) for r in meta.requests]
+            for path in specs:
+                if self._spec.match(path.name) and path.exists():
+                    path.unlink()
+                    removed = True
+            claim_dir = self.claim_dir(namespace, name)
+            for req in meta.requests if meta else ():
+                if (claim_dir / req.name).exists():
+                    shutil.rmtree(claim_dir / req.name)
+                    removed = True
+            if meta is not None and claim_dir.is_dir() and not any(claim_dir.iterdir()):
+                claim_dir.rmdir()
+        except OSError as exc:
+            raise MetadataError(f"cannot remove device metadata: {exc}") from exc
+        return removed
+
+    def collect_orphans(self, records: Iterable[ClaimRecord]) -> list[Path]:
+        """Start-up GC: files and dirs no record lists (and leftovers of interrupted writes)."""
+        keep_specs: set[tuple[str, str]] = set()
+        keep_dirs: dict[str, set[str]] = {}
+        for rec in records:
+            meta = recorded(rec)
+            for req in meta.requests if meta else ():
+                keep_specs.add((rec.uid, req.name))
+                keep_dirs.setdefault(f"{rec.namespace}_{rec.name}", set()).add(req.name)
+        removed: list[Path] = []
+        try:
+            names = sorted(os.listdir(self.cdi_root))
+        except FileNotFoundError:
+            names = []
+        for n in names:
+            m = self._spec.match(n)
+            stray_tmp = n.startswith(f".{self.driver}_metadata_") and ".tmp" in n
+            if (m and (m["uid"], m["req"]) not in keep_specs) or stray_tmp:
+                (self.cdi_root / n).unlink(missing_ok=True)
+                removed.append(self.cdi_root / n)
+        for claim_dir in sorted(self.base.iterdir()) if self.base.is_dir() else []:
+            keep = keep_dirs.get(claim_dir.name, set())
+            for sub in sorted(claim_dir.iterdir()) if claim_dir.is_dir() else [claim_dir]:
+                if sub.name not in keep:
+                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink(missing_ok=True)
+                    removed.append(sub)
+                else:
+                    for tmp in sub.glob(f".{FILE_NAME}.tmp-*"):
+                        tmp.unlink(missing_ok=True)
+            if claim_dir.is_dir() and not any(claim_dir.iterdir()):
+                claim_dir.rmdir()
+        for path in removed:
+            log.warning("removed orphan device metadata path=%s", path)
+        return removed

@@ -1,0 +1,311 @@
+"""Device metadata (KEP-5304) through ClaimPreparer: the kubelet plugin library's files,
+paths and answers, byte for byte; crash safety, unprepare and start-up GC; off changes
+nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.cdi import rules as cdispec
+from dra_plugin.devices import PCI_BUS_ID, make_device
+from dra_plugin.kubelet import devicemetadata as dm
+from dra_plugin.kubelet.checkpoint import (
+    COMPLETED,
+    FILE_NAME,
+    STARTED,
+    Checkpoint,
+    ClaimRecord,
+    DeviceRecord,
+    decode,
+)
+from dra_plugin.kubelet.claims import ClaimRef, PreparedDevice
+from tests.fakes.claim_harness import (
+    DRIVER,
+    NODE,
+    FakeApi,
+    check_consistent,
+    claim,
+    intel_device,
+    preparer,
+    ref,
+    result,
+    uid,
+)
+
+DEVICES = [intel_device(i) for i in range(3)]
+D0, D1, D2 = (d.name for d in DEVICES)
+U = uid(1)
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def claim_id(dev: str, u: str = U) -> str:
+    return f"k8s.{DRIVER}/claim={u}-{dev}"
+
+
+def meta_dir(root: Path) -> Path:
+    return root / "state" / "dra-device-metadata"
+
+
+def host_file(root: Path, ns: str, name: str, request: str) -> Path:
+    return meta_dir(root) / f"{ns}_{name}" / request / "metadata.json"
+
+
+def spec_file(root: Path, request: str, u: str = U) -> Path:
+    return root / "cdi" / f"{DRIVER}_metadata_{u}_{request}.json"
+
+
+def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
+    c = claim(1, [result(D0), result(D1), result(D2, request="second")], name="gpu-claim")
+    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    got = run(p.prepare([ref(c)]))[U]
+    assert got.error == ""
+    # The metadata ID goes with the first device of each request, after its own IDs.
+    assert got.devices == (
+        PreparedDevice(("gpu",), NODE, D0, (claim_id(D0), f"{DRIVER}/metadata={U}_gpu")),
+        PreparedDevice(("gpu",), NODE, D1, (claim_id(D1),)),
+        PreparedDevice(("second",), NODE, D2, (claim_id(D2), f"{DRIVER}/metadata={U}_second")),
+    )
+    host = host_file(tmp_path, "default", "gpu-claim", "gpu")
+    expected_doc = (
+        "{\n"
+        '  "kind": "DeviceMetadata",\n'
+        '  "apiVersion": "metadata.resource.k8s.io/v1alpha1",\n'
+        '  "metadata": {\n'
+        '    "name": "gpu-claim",\n'
+        '    "namespace": "default",\n'
+        f'    "uid": "{U}",\n'
+        '    "generation": 1\n'
+        "  },\n"
+        '  "requests": [\n'
+        "    {\n"
+        '      "name": "gpu",\n'
+        '      "devices": [\n'
+        + ",\n".join(
+            "        {\n"
+            f'          "driver": "{DRIVER}",\n'
+            f'          "pool": "{NODE}",\n'
+            f'          "name": "{d}",\n'
+            '          "attributes": {\n'
+            '            "health": {\n'
+            '              "string": "Healthy"\n'
+            "            },\n"
+            '            "model": {\n'
+            '              "string": "Arc A770"\n'
+            "            }\n"
+            "          }\n"
+            "        }"
+            for d in (D0, D1)
+        )
+        + "\n      ]\n    }\n  ]\n}\n"
+    )
+    assert host.read_text() == expected_doc
+    assert stat.S_IMODE(host.stat().st_mode) == 0o644
+    spec = spec_file(tmp_path, "gpu")
+    expected_spec = {
+        "cdiVersion": "0.5.0",
+        "kind": f"{DRIVER}/metadata",
+        "devices": [
+            {
+                "name": f"{U}_gpu",
+                "containerEdits": {
+                    "mounts": [
+                        {
+                            "hostPath": str(host),
+                            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/"
+                            f"resourceclaims/gpu-claim/gpu/{DRIVER}-metadata.json",
+                            "options": ["ro", "bind"],
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+    # json.MarshalIndent(spec, "", "  "): this key order, no trailing newline.
+    assert spec.read_text() == json.dumps(expected_spec, indent=2)
+    assert stat.S_IMODE(spec.stat().st_mode) == 0o644
+    assert cdispec.validate_spec(json.loads(spec.read_text())) == []
+    second = json.loads(host_file(tmp_path, "default", "gpu-claim", "second").read_text())
+    assert [d["name"] for d in second["requests"][0]["devices"]] == [D2]
+    # Recorded, so a known claim answers the same without the API.
+    raw = json.loads((tmp_path / "state" / FILE_NAME).read_text())
+    assert raw["payload"]["claims"][U]["deviceMetadata"]["requests"][0]["cdiId"] == (
+        f"{DRIVER}/metadata={U}_gpu"
+    )
+    assert run(preparer(tmp_path, FakeApi(), DEVICES).prepare([ref(c)]))[U] == got
+    check_consistent(tmp_path)
+
+
+def test_template_claim_and_subrequest(tmp_path: Path) -> None:
+    c = claim(1, [result(D0, request="gpu/large")], name="pod-gpu-x7k2p")
+    c["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "accel"}
+    got = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    assert got[U].devices[0].request_names == ("gpu",)
+    assert got[U].devices[0].cdi_device_ids[-1] == f"{DRIVER}/metadata={U}_gpu"
+    host = host_file(tmp_path, "default", "pod-gpu-x7k2p", "gpu")  # the real claim name
+    doc = json.loads(host.read_text())
+    assert list(doc) == ["kind", "apiVersion", "metadata", "podClaimName", "requests"]
+    assert doc["podClaimName"] == "accel" and doc["requests"][0]["name"] == "gpu/large"
+    (mount,) = json.loads(spec_file(tmp_path, "gpu").read_text())["devices"][0]["containerEdits"][
+        "mounts"
+    ]
+    assert mount["hostPath"] == str(host)
+    assert mount["containerPath"] == (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/accel/gpu/"
+        f"{DRIVER}-metadata.json"
+    )
+
+
+def test_off_changes_nothing(tmp_path: Path) -> None:
+    c = claim(1, [result(D0), result(D1), result(D2, request="second")])
+    off = run(preparer(tmp_path / "off", FakeApi([c]), DEVICES).prepare([ref(c)]))[U]
+    on = run(
+        preparer(tmp_path / "on", FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)])
+    )[U]
+    # Today's answer: our claim spec's IDs only.
+    assert off.devices == tuple(
+        PreparedDevice((r,), NODE, d, (claim_id(d),))
+        for r, d in (("gpu", D0), ("gpu", D1), ("second", D2))
+    )
+    stripped = tuple(
+        PreparedDevice(
+            d.request_names,
+            d.pool_name,
+            d.device_name,
+            tuple(i for i in d.cdi_device_ids if "/metadata=" not in i),
+        )
+        for d in on.devices
+    )
+    assert stripped == off.devices
+    assert not meta_dir(tmp_path / "off").exists()
+    assert sorted(p.name for p in (tmp_path / "off" / "cdi").iterdir()) == [
+        cdi.spec_file_name(DRIVER, U)
+    ]
+    assert b"deviceMetadata" not in (tmp_path / "off" / "state" / FILE_NAME).read_bytes()
+
+
+def test_unprepare_removes_everything(tmp_path: Path) -> None:
+    c = claim(1, [result(D0), result(D1, request="second")])
+    api = FakeApi([c])
+    p = preparer(tmp_path, api, DEVICES, device_metadata=True)
+    run(p.prepare([ref(c)]))
+    assert run(p.unprepare([ref(c)])) == {U: ""}
+    assert list((tmp_path / "cdi").iterdir()) == []
+    assert list(meta_dir(tmp_path).iterdir()) == []
+    # A UID we do not know: its stray metadata specs go (as the library's glob).
+    stray = spec_file(tmp_path, "gpu", uid(9))
+    stray.write_text("{}")
+    assert run(p.unprepare([ClaimRef("default", uid(9), "gone")])) == {uid(9): ""}
+    assert not stray.exists()
+
+
+def test_write_failure_prepares_without_metadata(tmp_path: Path) -> None:
+    """As the library: metadata that cannot be written is logged, the claim still works."""
+    c = claim(1, [result(D0)])
+    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    meta_dir(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    meta_dir(tmp_path).write_text("not a directory")
+    got = run(p.prepare([ref(c)]))[U]
+    assert got.error == "" and got.devices[0].cdi_device_ids == (claim_id(D0),)
+    assert not spec_file(tmp_path, "gpu").exists()
+    assert b"deviceMetadata" not in (tmp_path / "state" / FILE_NAME).read_bytes()
+
+
+def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path) -> None:
+    c = claim(1, [result(D0)])
+    first = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    content = spec_file(tmp_path, "gpu").read_bytes()
+    spec_file(tmp_path, "gpu").unlink()  # e.g. a CDI root on tmpfs after a reboot
+    host_file(tmp_path, "default", "claim-1", "gpu").unlink()
+    steps: list[str] = []
+    p = preparer(tmp_path, FakeApi(), DEVICES, device_metadata=True, on_step=steps.append)
+    assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
+    assert spec_file(tmp_path, "gpu").read_bytes() == content
+    assert host_file(tmp_path, "default", "claim-1", "gpu").is_file()
+
+
+def test_crash_and_startup_gc(tmp_path: Path) -> None:
+    keep = claim(1, [result(D0)])
+    half = claim(2, [result(D1)])
+    api = FakeApi([keep, half])
+    run(preparer(tmp_path, api, DEVICES, device_metadata=True).prepare([ref(keep), ref(half)]))
+    # Claim 2 as a process killed mid-prepare leaves it: recorded `started`, files written.
+    ckpt = Checkpoint(tmp_path / "state", DRIVER, boot_id=lambda: "boot-1")
+    state = ckpt.load(dict).state
+    state.claims[uid(2)] = replace(state.claims[uid(2)], state=STARTED)
+    ckpt.save(state)
+    # Orphans: a spec and a claim dir no record owns, and an interrupted write's temp file.
+    orphan_spec = spec_file(tmp_path, "gpu", uid(7))
+    orphan_spec.write_text("{}")
+    orphan_dir = meta_dir(tmp_path) / "default_claim-7" / "gpu"
+    orphan_dir.mkdir(parents=True)
+    (orphan_dir / "metadata.json").write_text("{}")
+    temp = tmp_path / "cdi" / f".{DRIVER}_metadata_{uid(1)}_gpu.json.tmp-dead"
+    temp.write_text("{")
+    other = tmp_path / "cdi" / "gpu.nvidia.com_metadata_x_gpu.json"  # not ours
+    other.write_text("{}")
+    run(preparer(tmp_path, api, DEVICES, device_metadata=True).startup())
+    assert not spec_file(tmp_path, "gpu", uid(2)).exists()
+    assert not (meta_dir(tmp_path) / "default_claim-2").exists()
+    assert not orphan_spec.exists() and not temp.exists()
+    assert not (meta_dir(tmp_path) / "default_claim-7").exists()
+    assert other.exists()
+    other.unlink()
+    assert spec_file(tmp_path, "gpu").exists()
+    assert host_file(tmp_path, "default", "claim-1", "gpu").exists()
+    assert set(check_consistent(tmp_path)) == {uid(1)}
+    # Switched off later: recorded files stay until their claim is unprepared.
+    p = preparer(tmp_path, api, DEVICES)
+    run(p.startup())
+    assert spec_file(tmp_path, "gpu").exists()
+    assert run(p.unprepare([ref(keep)])) == {uid(1): ""}
+    assert not spec_file(tmp_path, "gpu").exists()
+
+
+def test_pci_bus_id_attribute_reaches_the_file(tmp_path: Path) -> None:
+    dev = make_device(
+        name="gpu-0",
+        vendor="nvidia",
+        driver=DRIVER,
+        attributes={PCI_BUS_ID: "0000:01:00.0", "index": 0, "mig": False},
+    )
+    files = dm.MetadataFiles(DRIVER, tmp_path / "plugin", tmp_path / "cdi")
+    meta = dm.plan(DRIVER, U, {"metadata": {}}, [("gpu", "gpu")])
+    assert meta is not None
+    rec = ClaimRecord(
+        U,
+        "default",
+        "c",
+        COMPLETED,
+        "",
+        (DeviceRecord(("gpu",), NODE, "gpu-0", ()),),
+        device_metadata=meta.to_json(),
+    )
+    doc = json.loads(files.document(rec, meta, meta.requests[0], {"gpu-0": dev}))
+    attrs = doc["requests"][0]["devices"][0]["attributes"]
+    assert attrs[PCI_BUS_ID] == {"string": "0000:01:00.0"}
+    assert attrs["index"] == {"int": 0} and attrs["mig"] == {"bool": False}
+
+
+@pytest.mark.parametrize("text", ["a<b>&c", "ünï\u2028"])
+def test_go_json_escapes_like_encoding_json(text: str) -> None:
+    out = dm.go_json({"k": text}).decode()
+    assert "<" not in out and ">" not in out and "&" not in out and "\u2028" not in out
+    assert json.loads(out) == {"k": text}
+
+
+def test_old_checkpoint_entries_load_without_metadata(tmp_path: Path) -> None:
+    c = claim(1, [result(D0)])
+    run(preparer(tmp_path, FakeApi([c]), DEVICES).prepare([ref(c)]))
+    state = decode((tmp_path / "state" / FILE_NAME).read_bytes(), DRIVER)
+    assert state.claims[U].device_metadata is None
