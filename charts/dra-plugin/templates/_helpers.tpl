@@ -207,6 +207,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.logging.level | quote }}
 - name: LOG_FORMAT
   value: {{ .Values.logging.format | quote }}
+{{- end }}
+
 {{/*
 DEVICE_METADATA: cdi.deviceMetadata, where "auto" means on for Kubernetes 1.37+ (KEP-5304
 beta) as `helm install` sees the cluster (or --kube-version for `helm template`).
