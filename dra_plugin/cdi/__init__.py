@@ -1,1 +1,2 @@
-"""CDI specs for prepared claims: pure rendering (claims.py) and the specification's rules (rules.py)."""
+"""CDI specs for prepared claims: pure rendering (claims.py) and the specification's rules
+(rules.py)."""

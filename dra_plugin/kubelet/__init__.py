@@ -1,1 +1,2 @@
-"""The kubelet side: gRPC servers, prepare/unprepare, checkpoint, recovery, allocation rules, health, claim status."""
+"""The kubelet side: gRPC servers, prepare/unprepare, checkpoint, recovery, allocation rules,
+health, claim status."""

@@ -1,1 +1,2 @@
-"""AMD GPUs (amdgpu): discovery with KFD partitions, ids, RAS watcher, telemetry, doctor checks, settings."""
+"""AMD GPUs (amdgpu): discovery with KFD partitions, ids, RAS watcher, telemetry, doctor
+checks, settings."""

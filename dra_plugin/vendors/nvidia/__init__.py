@@ -1,1 +1,2 @@
-"""NVIDIA GPUs: NVML (nvml/, the only pynvml importer), device model, CDI userspace, health, telemetry, doctor, settings."""
+"""NVIDIA GPUs: NVML (nvml/, the only pynvml importer), device model, CDI userspace, health,
+telemetry, doctor, settings."""
