@@ -23,10 +23,6 @@ from tests.fakes import podman as rt
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster
 from tests.fakes.simnode import CARDS, unavailable_reason
 
-pytestmark = pytest.mark.skipif(
-    unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
-)
-
 IGPU = CARDS["igpu"].name
 # Stand-ins for the NVIDIA control nodes where the host has no driver; nvidia-uvm's major
 # is dynamic on a real node, which is why CDI specs leave it to the runtime to stat.
@@ -39,6 +35,10 @@ CONTROL_STANDINS = {
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> rt.Podman:
+    # Every test here needs it: skipped where umockdev is missing, failed under CI.
+    reason = unavailable_reason()
+    if reason is not None:
+        rt.unusable(f"umockdev: {reason}")
     return rt.podman_for_tests(tmp_path_factory.mktemp("podman"))
 
 
