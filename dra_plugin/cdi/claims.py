@@ -21,6 +21,7 @@ from typing import Any
 from dra_plugin.cdi.rules import EARLIEST_VERSION, required_version, validate_spec, version_key
 from dra_plugin.devices import AMD, INTEL, NVIDIA, Device, DeviceNode, is_dns_label
 from dra_plugin.kubelet.checkpoint import atomic_write
+from dra_plugin.kubelet.durable import sync_dir
 from dra_plugin.vendors.nvidia.cdi import (
     CONTROL_NODES,
     MOUNT_OPTIONS,
@@ -202,11 +203,7 @@ def remove_spec(cdi_dir: Path, file_name: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    fd = os.open(cdi_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
 

@@ -124,3 +124,22 @@ def test_concurrent_unprepares_and_prepares_keep_call_order(tmp_path: Path) -> N
     assert got[:3] == [{ref(c).uid: ""} for c in claims[:3]]
     assert all(g[ref(c).uid].error == "" for g, c in zip(got[3:], claims[3:], strict=True))
     assert set(check_consistent(tmp_path, max_shares=N)) == {ref(c).uid for c in claims[3:]}
+
+
+def test_concurrent_unprepares_sync_the_cdi_dir_once_per_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims = shared_claims()
+    p = started(tmp_path, FakeApi(claims))
+    asyncio.run(p.prepare([ref(c) for c in claims]))
+    counter = SyncCounter(monkeypatch)
+    before = p._commit.passes
+
+    async def all_of_them() -> list[Any]:
+        return list(await asyncio.gather(*(p.unprepare([ref(c)]) for c in claims)))
+
+    got = asyncio.run(all_of_them())
+    passes = p._commit.passes - before
+    assert got == [{ref(c).uid: ""} for c in claims] and passes <= 2
+    assert counter.dirs.count("cdi") == passes and counter.datasyncs == passes
+    assert check_consistent(tmp_path, max_shares=N) == {}
