@@ -5,6 +5,7 @@ shape; claims are returned in the resource.k8s.io/v1 shape whatever version is s
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from dra_plugin.kubeapi.discovery import (
     CLAIMS,
@@ -34,14 +35,9 @@ class ResourceObjects(ResourceDiscovery):
         """The ResourceClaim, always in the resource.k8s.io/v1 shape."""
 
         async def get(version: str) -> Obj:
+            path = f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/{CLAIMS}/{name}"
             claim = await self._read(
-                f"get ResourceClaim {namespace}/{name}",
-                self._custom.get_namespaced_custom_object,
-                RESOURCE_GROUP,
-                version,
-                namespace,
-                CLAIMS,
-                name,
+                f"get ResourceClaim {namespace}/{name}", self._get_path, quote(path)
             )
             return claim_to_v1(claim, version)
 
