@@ -192,6 +192,11 @@ class Checkpoint:
         if self._state is None:  # written without a load (tests, tools): start empty
             self._state = State(self.boot_id)
         state = self._state
+        if self._snap is None:
+            # Never a journal without a snapshot: an older plugin would see no checkpoint
+            # and collect every spec file; a snapshot of a kind it does not know makes it
+            # rebuild from them instead.
+            self.save(state)
         try:
             self.bytes_written += self._journal.append(
                 b"".join(journal.line(e) for e in entries),

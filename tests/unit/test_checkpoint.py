@@ -363,3 +363,17 @@ def test_batched_dir_syncs_fsync_each_directory_once(
     assert sorted(synced) == ["a", "b"]
     durable.atomic_write(tmp_path / "a" / "g", b"x")
     assert sorted(synced) == ["a", "a", "b"]
+
+
+def test_the_first_change_writes_a_snapshot_an_older_plugin_cannot_misread(
+    tmp_path: Path,
+) -> None:
+    c = cp(tmp_path)
+    c.load(no_rebuild)
+    c.put([record("u1")])
+    doc = json.loads(c.path.read_text())
+    # Not version 1's kind: an older plugin moves it aside and rebuilds from spec files.
+    assert doc["kind"] == ck.SNAPSHOT_KIND != ck.FORMAT_KIND
+    head = journal.parse(c.journal_path.read_bytes()).entries[0]
+    assert journal.check_header(head, DRIVER) == doc["checksum"]
+    assert set(cp(tmp_path).load(no_rebuild).state.claims) == {"u1"}
