@@ -71,8 +71,10 @@ def test_link_generation_from_sysfs_speed(speed: str | None, gen: int | None) ->
 def test_profiles_expand() -> None:
     assert [c.key for c in expand_profile("igpu+nvidia")] == ["igpu", "nvidia"]
     assert [c.key for c in expand_profile(["sriov"])] == ["sriov-pf", "sriov-vf1", "sriov-vf2"]
-    # mixed: every card but the AMD APU and MI300X (tests/integration/test_amd.py)
-    assert {c.key for c in expand_profile("mixed")} | {"amd-apu", "amd-mi300x"} == set(CARDS)
+    # mixed: every card but the AMD APU and MI300X (tests/integration/test_amd.py) and the
+    # xe-vfio-pci card (tests/integration/test_vfio_udev.py)
+    rest = {"amd-apu", "amd-mi300x", "xe-vfio"}
+    assert {c.key for c in expand_profile("mixed")} | rest == set(CARDS)
     with pytest.raises(KeyError):
         expand_profile("nope")
 
