@@ -153,6 +153,7 @@ def test_arc_discrete_on_xe() -> None:
     ("profile", "address", "vendor", "driver", "reason"),
     [
         ("vfio", "0000:04:00.0", "0x8086", "vfio-pci", "vfio-pci"),
+        ("xe-vfio", "0000:0f:00.0", "0x8086", "xe-vfio-pci", "INTEL_VFIO=true publishes it"),
         ("unbound", "0000:05:00.0", "0x8086", None, "no kernel driver"),
         ("nvidia", "0000:08:00.0", "0x10de", "nvidia", "NVML"),
         ("amd", "0000:09:00.0", "0x1002", "amdgpu", "amd vendor is not enabled"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from dra_plugin.devices import MAX_STRING_ATTRIBUTE
@@ -78,3 +81,12 @@ def test_every_required_platform_is_covered() -> None:
         "Ponte Vecchio",
     ):  # fmt: skip
         assert required in platforms
+
+
+def test_every_id_in_intels_table_gets_intels_model_and_family() -> None:
+    """tests/fixtures/intel/expected.json holds Intel's driver's table (models.go)."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "intel" / "expected.json"
+    theirs: dict[str, list[str]] = json.loads(fixture.read_text())["models"]
+    assert len(theirs) == 35
+    ours = {k: [intel_ids.lookup(k).model, intel_ids.lookup(k).family] for k in theirs}
+    assert ours == theirs
