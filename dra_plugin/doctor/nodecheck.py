@@ -8,6 +8,8 @@ from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors import registry
 
+VFIO_DRIVERS = ("vfio-pci", "xe-vfio-pci")
+
 
 def _vendor_of(g: PciGpu) -> registry.AnyVendor | None:
     return registry.by_pci_vendor("0x" + g.vendor)
@@ -30,18 +32,34 @@ def check_pci(
         vendor = _vendor_of(g)
         want = vendor.kernel_drivers if vendor is not None else ()
         ours = vendor is not None and vendor.name in cfg.vendors
+        published_vfio = (
+            vendor.passthrough_drivers(cfg.settings(vendor.name))
+            if vendor is not None and ours
+            else ()
+        )
         if g.driver in want:
             note = "" if ours else " (not a vendor this plugin publishes)"
             out.append(Finding(Status.PASS, "pci", f"{g.label} bound to {g.driver}{note}"))
-        elif g.driver == "vfio-pci":
+        elif g.driver in published_vfio:
+            switch = vendor.passthrough_switch if vendor is not None else ""
+            out.append(
+                Finding(
+                    Status.PASS,
+                    "pci",
+                    f"{g.label} bound to {g.driver}: published for VM passthrough ({switch})",
+                )
+            )
+        elif g.driver in VFIO_DRIVERS:
+            switch = vendor.passthrough_switch if vendor is not None and ours else ""
             out.append(
                 Finding(
                     Status.WARN,
                     "pci",
-                    f"{g.label} is bound to vfio-pci "
+                    f"{g.label} is bound to {g.driver} "
                     "(passed through to a VM); this plugin will not publish it",
-                    f"if the node itself should use it, unbind it from vfio-pci "
-                    f"and bind {'/'.join(want)}",
+                    f"if the node itself should use it, unbind it from {g.driver} "
+                    f"and bind {'/'.join(want)}"
+                    + (f"; to publish it for VM passthrough set {switch}" if switch else ""),
                 )
             )
         elif g.driver is None:

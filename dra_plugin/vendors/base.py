@@ -109,6 +109,7 @@ class Vendor(ABC, Generic[S]):
     kernel_drivers: ClassVar[tuple[str, ...]] = ()  # drivers that make its GPUs usable
     drm_hotplug: ClassVar[bool] = False  # rescan on DRM uevents
     kernel_label: ClassVar[str] = ""  # `discover`'s KERNEL column when no driver attribute
+    passthrough_switch: ClassVar[str] = ""  # the setting that publishes VFIO-bound GPUs
 
     @abstractmethod
     def options(self) -> tuple[Option, ...]:
@@ -125,6 +126,10 @@ class Vendor(ABC, Generic[S]):
     def claim_edits(self, settings: S, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
         """What a claim holding `devices` (all of this vendor) injects; raises CdiError."""
         return device_node_edits(devices)
+
+    def passthrough_drivers(self, settings: S) -> tuple[str, ...]:
+        """VFIO drivers whose GPUs this vendor publishes for passthrough (host/vfio.py)."""
+        return ()
 
     def monitors(self, settings: S, hooks: MonitorHooks) -> list[Monitor]:
         """Health and event watchers for this vendor (DRM hotplug is the core's)."""

@@ -80,6 +80,9 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     for vendor in ("intel", "nvidia", "amd"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
+    intel = values["intel"]
+    if intel["enabled"] and intel["vfio"]["enabled"] and intel["vfio"]["deviceClass"]["create"]:
+        expected.append("DeviceClass")  # gpu-vfio.intel.com
     assert kinds == sorted(expected)
     for manifest in rendered:
         if manifest["kind"] in ("DaemonSet", "ServiceAccount"):
@@ -97,9 +100,17 @@ def test_device_classes_select_their_driver(
             continue
         dc = classes.pop(v["deviceClass"]["name"] or v["driverName"])
         assert dc["apiVersion"] == "resource.k8s.io/v1"
-        assert dc["spec"]["selectors"] == [
-            {"cel": {"expression": f'device.driver == "{v["driverName"]}"'}}
-        ]
+        selectors = [s["cel"]["expression"] for s in dc["spec"]["selectors"]]
+        assert selectors[0] == f'device.driver == "{v["driverName"]}"'
+        vfio = v.get("vfio", {}).get("enabled", False)
+        if vfio:  # VFIO-bound GPUs only through the passthrough class (test_intel_classes)
+            assert selectors[1:] == [
+                f'!(device.attributes["{v["driverName"]}"].driver in ["vfio-pci", "xe-vfio-pci"])'
+            ]
+            if v["vfio"]["deviceClass"]["create"]:
+                classes.pop(v["vfio"]["deviceClass"]["name"] or "gpu-vfio.intel.com")
+        else:
+            assert selectors[1:] == []
         # Off unless asked for: the API server would map pods' extended resources to it.
         extended = v["deviceClass"].get("extendedResourceName")
         assert dc["spec"].get("extendedResourceName") == (extended or None)

@@ -105,6 +105,8 @@ class SimCard:
     physfn: str | None = None  # PF address, VF side
     by_path: bool = True
     amd: AmdBoard | None = None  # what amdgpu adds (tests/fakes/amdsim.py)
+    iommu_group: str | None = None  # <pci>/iommu_group -> .../kernel/iommu_groups/<G>
+    vfio_cdev: str | None = None  # iommufd cdev (vfio-dev/vfioN) while VFIO-bound
 
     @property
     def devpath(self) -> str:
@@ -170,10 +172,15 @@ CARDS: dict[str, SimCard] = {
             "unknown", "0000:06:00.0", "0xabcd", "xe", bridges=("0000:00:1d.0",), card=7,
             link=_GEN4_X8,
         ),
-        # Arc A770 handed to a VM; an A380 whose driver failed to probe.
+        # Arc A770 handed to a VM (legacy VFIO groups); an A380 whose driver failed to
+        # probe; a Pro B60 on xe-vfio-pci with the iommufd cdev.
         SimCard(
             "vfio", "0000:04:00.0", "0x56a0", "vfio-pci", bridges=("0000:00:1c.0",),
-            link=_GEN4_X16,
+            link=_GEN4_X16, iommu_group="14",
+        ),
+        SimCard(
+            "xe-vfio", "0000:0f:00.0", "0xe211", "xe-vfio-pci", bridges=("0000:00:1c.6",),
+            link=_GEN4_X8, iommu_group="15", vfio_cdev="vfio0",
         ),
         SimCard("unbound", "0000:05:00.0", "0x56a5", None, bridges=("0000:00:1c.4",)),
         # Radeon RX 7900 XTX (Navi 31), 24 GiB, no partitions. (Its on-board PCIe switch is
@@ -219,8 +226,9 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "degraded": ("degraded",),
     "unknown": ("unknown",),
     "vfio": ("vfio",),
+    "vfio-all": ("vfio", "xe-vfio"),
     "unbound": ("unbound",),
-    "mixed": tuple(k for k in CARDS if not k.startswith("amd-")),
+    "mixed": tuple(k for k in CARDS if not k.startswith("amd-") and k != "xe-vfio"),
 }
 
 
@@ -420,6 +428,26 @@ class SimNode:
             os.symlink(os.path.relpath(drivers, card.syspath), link)  # as the kernel: relative
             props.append(f"DRIVER={card.driver}")
         Path(uevent).write_text("\n".join(props) + "\n")
+        self._set_vfio(card)
+
+    def _set_vfio(self, card: SimCard) -> None:
+        """What vfio-pci shows of a bound function: its group's node (and the iommufd cdev
+        under vfio-dev/, with /dev/iommu); the iommu_group link exists whatever the driver."""
+        base = self._path(card.syspath)
+        if card.iommu_group is not None and not os.path.islink(f"{base}/iommu_group"):
+            groups = self._path("/sys/kernel/iommu_groups")
+            os.makedirs(f"{groups}/{card.iommu_group}", exist_ok=True)
+            os.symlink(os.path.relpath(f"{groups}/{card.iommu_group}", base), f"{base}/iommu_group")
+        shutil.rmtree(f"{base}/vfio-dev", ignore_errors=True)
+        if card.driver is None or "vfio" not in card.driver or card.iommu_group is None:
+            return
+        os.makedirs(self._path("/dev/vfio/devices"), exist_ok=True)
+        for node in ("/dev/vfio/vfio", f"/dev/vfio/{card.iommu_group}"):
+            Path(self._path(node)).touch()
+        if card.vfio_cdev is not None:
+            os.makedirs(f"{base}/vfio-dev/{card.vfio_cdev}")
+            Path(self._path(f"/dev/vfio/devices/{card.vfio_cdev}")).touch()
+            Path(self._path("/dev/iommu")).touch()
 
     def _add_drm(self, card: SimCard, parent: str | None = None) -> list[str]:
         """The DRM minors a bound GPU driver creates (none without a driver or index)."""
@@ -786,6 +814,28 @@ def drm_discover(
     return DrmResult(tuple(devices), inv.skipped)
 
 
+def vfio_json(drivers: Sequence[str]) -> dict[str, Any]:
+    """PCI address -> host/vfio.py facts (or the error) of every GPU bound to `drivers`."""
+    from dra_plugin.host import udev, vfio
+
+    out: dict[str, Any] = {}
+    for gpu in udev.scan(
+        {"0x8086": ("0x03",), "0x10de": ("0x03",), "0x1002": ("0x03", "0x12")}
+    ).gpus:
+        if not vfio.is_vfio_bound(gpu, drivers):
+            continue
+        try:
+            f = vfio.facts(gpu, drivers)
+        except vfio.VfioError as exc:
+            out[gpu.pci_address] = {"error": str(exc)}
+            continue
+        out[gpu.pci_address] = {
+            "driver": f.driver, "group": f.iommu_group, "cdev": f.cdev, "iommufd": f.iommufd,
+            "nodes": [n.path for n in f.nodes()],
+        }  # fmt: skip
+    return out
+
+
 def main(argv: Iterable[str]) -> int:
     """Child entry point; runs under the preload and prints JSON on stdout."""
 
@@ -801,6 +851,9 @@ def main(argv: Iterable[str]) -> int:
         for device in result.devices:
             validate_device(device)  # what the API server would reject fails the test here
         print(json.dumps(discovery_json(result)))
+        return 0
+    if args[:1] == ["vfio"]:  # vfio DRIVER...: host/vfio.py facts of the bound GPUs
+        print(json.dumps(vfio_json(args[1:])))
         return 0
     if args[:1] == ["monitor"]:
         count = itertools.count(1)
@@ -820,7 +873,8 @@ def main(argv: Iterable[str]) -> int:
         monitor.stop()
         return 0
     print(
-        f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor DEBOUNCE [UDEV_CONTROL]",
+        f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor DEBOUNCE [UDEV_CONTROL]"
+        " | vfio DRIVER...",
         file=sys.stderr,
     )
     return 2

@@ -71,8 +71,10 @@ def test_link_generation_from_sysfs_speed(speed: str | None, gen: int | None) ->
 def test_profiles_expand() -> None:
     assert [c.key for c in expand_profile("igpu+nvidia")] == ["igpu", "nvidia"]
     assert [c.key for c in expand_profile(["sriov"])] == ["sriov-pf", "sriov-vf1", "sriov-vf2"]
-    # mixed: every card but the AMD APU and MI300X (tests/integration/test_amd.py)
-    assert {c.key for c in expand_profile("mixed")} | {"amd-apu", "amd-mi300x"} == set(CARDS)
+    # mixed: every card but the AMD APU and MI300X (tests/integration/test_amd.py) and the
+    # xe-vfio-pci card (tests/integration/test_vfio_udev.py)
+    rest = {"amd-apu", "amd-mi300x", "xe-vfio"}
+    assert {c.key for c in expand_profile("mixed")} | rest == set(CARDS)
     with pytest.raises(KeyError):
         expand_profile("nope")
 
@@ -113,10 +115,13 @@ def test_core_ultra_igpu_on_i915() -> None:
         "type": "gpu",
         "sriov": False,
         "pciId": "0x7d55",
+        "pciAddress": "0000:00:02.0",
+        "pciRoot": "00",
         "resource.kubernetes.io/pciBusID": "0000:00:02.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:00",
     }  # an iGPU has no PCIe link and no NUMA affinity: absent, not zero
-    assert dev["capacity"] == {}  # shared system memory: no "memory" capacity at all
+    # shared system memory: "memory" 0, as Intel's driver publishes it for an iGPU
+    assert dev["capacity"] == {"memory": 0, "millicores": 1000}
     assert dev["nodes"] == [
         {"path": "/dev/dri/card0", "major": 226, "minor": 0, "host_path": None},
         {"path": "/dev/dri/renderD128", "major": 226, "minor": 128, "host_path": None},
@@ -134,12 +139,12 @@ def test_arc_discrete_on_xe() -> None:
         (dev,) = node.discover(INTEL)["devices"]
     assert dev["name"] == "0000-03-00-0-0xe20b"
     attrs = dev["attributes"]
-    assert (attrs["model"], attrs["family"], attrs["driver"]) == ("B580", "Arc", "xe")
+    assert (attrs["model"], attrs["family"], attrs["driver"]) == ("B580", "Arc B-Series", "xe")
     assert attrs["resource.kubernetes.io/pcieRoot"] == "pci0000:00"
     assert (attrs["pcieLinkGen"], attrs["pcieLinkWidth"]) == (4, 8)
     assert (attrs["pcieLinkMaxGen"], attrs["pcieLinkMaxWidth"]) == (4, 8)
     assert "numaNode" not in attrs and "resource.kubernetes.io/numaNode" not in attrs  # -1
-    assert dev["capacity"] == {"memory": 12 * GiB}
+    assert dev["capacity"] == {"memory": 12 * GiB, "millicores": 1000}
     assert [n["path"] for n in dev["nodes"]][:2] == ["/dev/dri/card1", "/dev/dri/renderD129"]
 
 
@@ -148,6 +153,7 @@ def test_arc_discrete_on_xe() -> None:
     ("profile", "address", "vendor", "driver", "reason"),
     [
         ("vfio", "0000:04:00.0", "0x8086", "vfio-pci", "vfio-pci"),
+        ("xe-vfio", "0000:0f:00.0", "0x8086", "xe-vfio-pci", "INTEL_VFIO=true publishes it"),
         ("unbound", "0000:05:00.0", "0x8086", None, "no kernel driver"),
         ("nvidia", "0000:08:00.0", "0x10de", "nvidia", "NVML"),
         ("amd", "0000:09:00.0", "0x1002", "amdgpu", "amd vendor is not enabled"),
@@ -177,14 +183,17 @@ def test_sriov_pf_and_vfs() -> None:
     assert pf["attributes"]["model"] == "Flex 170"
     assert pf["attributes"]["numaNode"] == pf["attributes"]["resource.kubernetes.io/numaNode"] == 1
     assert pf["attributes"]["resource.kubernetes.io/pcieRoot"] == "pci0000:4a"
-    assert pf["capacity"] == {"memory": 16 * GiB}  # i915 lmem_total_bytes on the card
+    assert pf["capacity"] == {
+        "memory": 16 * GiB,
+        "millicores": 1000,
+    }  # i915 lmem_total_bytes on the card
     assert pf["extra"]["sriovTotalVfs"] == "31" and pf["extra"]["sriovNumVfs"] == "2"
     for vf_name, card in (("0000-4d-00-1-0x56c0", 3), ("0000-4d-00-2-0x56c0", 4)):
         vf = devices[vf_name]
         assert vf["attributes"]["type"] == "vf" and vf["attributes"]["sriov"] is False
         assert vf["extra"]["parent"] == "0000-4d-00-0-0x56c0"
         assert vf["extra"]["card"] == f"/dev/dri/card{card}"
-        assert vf["capacity"] == {}
+        assert vf["capacity"] == {"memory": 0, "millicores": 1000}
     assert len(devices) == 3
 
 
@@ -198,7 +207,7 @@ def test_degraded_link_is_visible() -> None:
     assert (attrs["pcieLinkWidth"], attrs["pcieLinkMaxWidth"]) == (16, 16)
     assert attrs["resource.kubernetes.io/pcieRoot"] == "pci0000:38"
     assert attrs["numaNode"] == 0
-    assert dev["capacity"] == {"memory": 128 * GiB}  # two xe tiles of 64 GiB
+    assert dev["capacity"] == {"memory": 128 * GiB, "millicores": 1000}  # two xe tiles of 64 GiB
 
 
 @needs_umockdev

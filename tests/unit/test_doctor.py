@@ -87,6 +87,22 @@ def test_pci_vfio_is_a_warning(host: HostRoot) -> None:
     assert f.status is Status.WARN and "vfio-pci" in f.found and "passed through" in f.found
 
 
+@pytest.mark.parametrize("driver", ["vfio-pci", "xe-vfio-pci"])
+def test_pci_intel_vfio_is_published_only_with_intel_vfio(host: HostRoot, driver: str) -> None:
+    from dataclasses import replace
+
+    host.pci_gpu("0000:03:00.0", "8086", "e211", driver=driver, link=(4, 8))
+    off = one(run(host), "pci")
+    assert off.status is Status.WARN and "will not publish" in off.found
+    assert "set INTEL_VFIO=true" in off.action
+    cfg = host.config(vendors=(INTEL,), nvidia_driver_root=host.root / "no-driver")
+    intel = replace(cfg.settings(INTEL), vfio=True)
+    cfg = replace(cfg, vendor_settings={**cfg.vendor_settings, INTEL: intel})
+    on = one(doctor.run_doctor(cfg), "pci")
+    assert on.status is Status.PASS
+    assert on.found.endswith(f"bound to {driver}: published for VM passthrough (INTEL_VFIO=true)")
+
+
 def test_pci_nouveau_fails(host: HostRoot) -> None:
     host.pci_gpu("0000:01:00.0", "10de", "2204", driver="nouveau", link=(4, 16))
     f = one(run(host, vendors=(NVIDIA,)), "pci")

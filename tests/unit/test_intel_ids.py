@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from dra_plugin.devices import MAX_STRING_ATTRIBUTE
@@ -15,7 +18,7 @@ from dra_plugin.vendors.intel import ids as intel_ids
         ("0x7d55", "Meteor Lake", "Arc Graphics"),
         ("0x7d45", "Meteor Lake", "Intel Graphics"),
         ("0x7d51", "Arrow Lake", "Arc Graphics"),
-        ("0x7d67", "Arrow Lake", "Intel Graphics"),
+        ("0x7d67", "Arrow Lake-S", "Intel Graphics"),
         ("0x64a0", "Lunar Lake", "Arc Graphics"),
         # Alder/Raptor Lake Xe iGPUs (0xa7a0 as the Intel driver names it)
         ("0x46a6", "Alder Lake-P", "Iris Xe"),
@@ -24,13 +27,14 @@ from dra_plugin.vendors.intel import ids as intel_ids
         ("0xa7a0", "Raptor Lake-P", "Iris Xe"),
         ("0xa780", "Raptor Lake-S", "UHD Graphics"),
         # Arc discrete, A- and B-series (names as the Intel driver publishes them)
-        ("0x56a0", "A770", "Arc"),
-        ("0x56a1", "A750", "Arc"),
-        ("0x56a5", "A380", "Arc"),
-        ("0x56b1", "A40/A50", "Arc Pro"),
-        ("0xe20b", "B580", "Arc"),
-        ("0xe20c", "B570", "Arc"),
-        ("0xe211", "Pro B60", "Arc Pro"),
+        ("0x5690", "A770M", "Arc"),  # not in Intel's table: ours
+        ("0x56a0", "A770", "Arc A-Series"),
+        ("0x56a1", "A750", "Arc A-Series"),
+        ("0x56a5", "A380", "Arc A-Series"),
+        ("0x56b1", "A40/A50", "Arc Pro A-Series"),
+        ("0xe20b", "B580", "Arc B-Series"),
+        ("0xe20c", "B570", "Arc B-Series"),
+        ("0xe211", "B60", "Arc Pro B-Series"),
         # Data Center GPU Flex and Max
         ("0x56c0", "Flex 170", "Data Center Flex"),
         ("0x56c1", "Flex 140", "Data Center Flex"),
@@ -77,3 +81,12 @@ def test_every_required_platform_is_covered() -> None:
         "Ponte Vecchio",
     ):  # fmt: skip
         assert required in platforms
+
+
+def test_every_id_in_intels_table_gets_intels_model_and_family() -> None:
+    """tests/fixtures/intel/expected.json holds Intel's driver's table (models.go)."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "intel" / "expected.json"
+    theirs: dict[str, list[str]] = json.loads(fixture.read_text())["models"]
+    assert len(theirs) == 35
+    ours = {k: [intel_ids.lookup(k).model, intel_ids.lookup(k).family] for k in theirs}
+    assert ours == theirs

@@ -152,6 +152,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.intel.sharing.mode | quote }}
 - name: INTEL_SHARES
   value: {{ .Values.intel.sharing.shares | quote }}
+- name: INTEL_VFIO
+  value: {{ .Values.intel.vfio.enabled | quote }}
 {{- end }}
 {{- if .Values.nvidia.enabled }}
 - name: NVIDIA_DRIVER_NAME

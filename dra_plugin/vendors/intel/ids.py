@@ -1,12 +1,13 @@
 """Intel GPU PCI device ids -> marketing model and family.
 
-Pure data plus one lookup. The `model`/`family` strings become ResourceSlice attributes,
-so their spelling follows the Intel DRA driver's convention to keep existing CEL
-selectors working: discrete cards get model "A770", family "Arc"; integrated GPUs get
-the platform as model ("Meteor Lake") and the graphics brand as family. Platform
-membership of each id follows the kernel's include/drm/intel/pciids.h; marketing names
-are public product facts. Where one id covers several SKUs, the model is the platform
-name rather than a guess.
+Pure data plus one lookup. The `model`/`family` strings become ResourceSlice attributes.
+For every id Intel's own DRA driver knows (its pkg/gpu/device/models.go, `_INTEL_DRIVER`
+below) we publish exactly its strings, so its CEL selectors keep working after a switch.
+Ids it does not list keep our own names: discrete cards get model "A770M", family
+"Arc"; integrated GPUs get the platform as model ("Meteor Lake") and the graphics brand
+as family. Platform membership of each id follows the kernel's
+include/drm/intel/pciids.h; marketing names are public product facts. Where one id
+covers several SKUs, the model is the platform name rather than a guess.
 
 Unknown ids are never dropped: they are published as model/family "Unknown".
 """
@@ -102,7 +103,7 @@ _PLATFORMS: tuple[_Platform, ...] = (
         0x56C0: "Flex 170", 0x56C1: "Flex 140", 0x56C2: None,
     }),
     _Platform("Ponte Vecchio", "Data Center Max", True, {
-        0x0B69: "Max 1550", 0x0B6E: None, 0x0BD4: None, 0x0BD5: "Max 1550",
+        0x0B69: "Max 1550", 0x0B6E: None, 0x0BD0: None, 0x0BD4: None, 0x0BD5: "Max 1550",
         0x0BD6: "Max 1450", 0x0BD7: None, 0x0BD8: None, 0x0BD9: "Max 1100", 0x0BDA: "Max 1100",
         0x0BDB: "Max 1100", 0x0BE0: None, 0x0BE1: None, 0x0BE5: None,
     }),
@@ -112,6 +113,31 @@ _PLATFORMS: tuple[_Platform, ...] = (
     }),
     _Platform("Battlemage", "Arc Pro", True, {0xE211: "Pro B60", 0xE212: "Pro B50"}),
 )
+
+# (model, family) as Intel's DRA driver publishes them (gpu-v0.11.0 models.go); these
+# win over the platform table above, so a switch from that driver changes no attribute.
+_INTEL_DRIVER: dict[int, tuple[str, str]] = {
+    0x4626: ("Alder Lake-P", "Iris Xe"), 0xA7A0: ("Raptor Lake-P", "Iris Xe"),
+    0x7D67: ("Arrow Lake-S", "Intel Graphics"),
+    0x56A0: ("A770", "Arc A-Series"), 0x56A1: ("A750", "Arc A-Series"),
+    0x56A2: ("A580", "Arc A-Series"), 0x56A5: ("A380", "Arc A-Series"),
+    0x56A6: ("A310", "Arc A-Series"),
+    0x56B0: ("A30M", "Arc Pro A-Series"), 0x56B1: ("A40/A50", "Arc Pro A-Series"),
+    0x56B2: ("A60M", "Arc Pro A-Series"), 0x56B3: ("A60", "Arc Pro A-Series"),
+    0x56C0: ("Flex 170", "Data Center Flex"), 0x56C1: ("Flex 140", "Data Center Flex"),
+    0x0B69: ("Max 1550", "Data Center Max"), 0x0BD0: ("Max 1550", "Data Center Max"),
+    0x0BD5: ("Max 1550", "Data Center Max"), 0x0BD6: ("Max 1450", "Data Center Max"),
+    0x0BD9: ("Max 1100", "Data Center Max"), 0x0BDA: ("Max 1100", "Data Center Max"),
+    0x0BDB: ("Max 1100", "Data Center Max"),
+    # Panther Lake's integrated Arc B390/B370, as Intel names them.
+    0xB080: ("B390", "Arc B-Series"), 0xB081: ("B370", "Arc B-Series"),
+    0xB082: ("B390", "Arc B-Series"), 0xB083: ("B370", "Arc B-Series"),
+    0xB084: ("B390", "Arc B-Series"), 0xB085: ("B370", "Arc B-Series"),
+    0xB086: ("B390", "Arc B-Series"), 0xB087: ("B370", "Arc B-Series"),
+    0xE20B: ("B580", "Arc B-Series"), 0xE20C: ("B570", "Arc B-Series"),
+    0xE211: ("B60", "Arc Pro B-Series"), 0xE212: ("B50", "Arc Pro B-Series"),
+    0xE222: ("B65", "Arc Pro B-Series"), 0xE223: ("B70", "Arc Pro B-Series"),
+}
 # fmt: on
 
 
@@ -121,7 +147,10 @@ def _build() -> dict[int, IntelGpuModel]:
         for pci_id, model in p.ids.items():
             if pci_id in table:  # a duplicate id is a table bug, caught by the unit test
                 raise ValueError(f"PCI id {pci_id:#06x} listed twice")
-            table[pci_id] = IntelGpuModel(model or p.platform, p.family, p.platform, p.discrete)
+            model, family = _INTEL_DRIVER.get(pci_id, (model or p.platform, p.family))
+            table[pci_id] = IntelGpuModel(model, family, p.platform, p.discrete)
+    if missing := set(_INTEL_DRIVER) - set(table):  # each needs a platform: caught by tests
+        raise ValueError(f"PCI ids {sorted(missing)} have no platform")
     return table
 
 
