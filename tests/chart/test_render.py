@@ -80,6 +80,9 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     for vendor in ("intel", "nvidia", "amd"):
         if values[vendor]["enabled"] and values[vendor]["deviceClass"]["create"]:
             expected.append("DeviceClass")
+    if values["nvidia"]["enabled"]:  # NVIDIA's MIG and VFIO classes
+        for key in ("migDeviceClass", "vfioDeviceClass"):
+            expected += ["DeviceClass"] if values["nvidia"][key]["create"] else []
     assert kinds == sorted(expected)
     for manifest in rendered:
         if manifest["kind"] in ("DaemonSet", "ServiceAccount"):
@@ -91,15 +94,25 @@ def test_device_classes_select_their_driver(
 ) -> None:
     values = chart_values(value_set)
     classes = {m["metadata"]["name"]: m for m in all_of(rendered, "DeviceClass")}
+    nv = values["nvidia"]
+    for key, device_type in (("migDeviceClass", "mig"), ("vfioDeviceClass", "vfio")):
+        if nv["enabled"] and nv[key]["create"]:
+            d = nv["driverName"]
+            assert classes.pop(nv[key]["name"])["spec"]["selectors"] == [
+                {"cel": {"expression": f"device.driver == '{d}' && "
+                         f"device.attributes['{d}'].type == '{device_type}'"}}
+            ]  # fmt: skip
     for vendor in ("intel", "nvidia", "amd"):
         v = values[vendor]
         if not (v["enabled"] and v["deviceClass"]["create"]):
             continue
         dc = classes.pop(v["deviceClass"]["name"] or v["driverName"])
         assert dc["apiVersion"] == "resource.k8s.io/v1"
-        assert dc["spec"]["selectors"] == [
-            {"cel": {"expression": f'device.driver == "{v["driverName"]}"'}}
-        ]
+        expression = f'device.driver == "{v["driverName"]}"'
+        if vendor == "nvidia":  # NVIDIA's chart: whole GPUs only; MIG and VFIO have their own
+            d = v["driverName"]
+            expression = f"device.driver == '{d}' && device.attributes['{d}'].type == 'gpu'"
+        assert dc["spec"]["selectors"] == [{"cel": {"expression": expression}}]
         # Off unless asked for: the API server would map pods' extended resources to it.
         extended = v["deviceClass"].get("extendedResourceName")
         assert dc["spec"].get("extendedResourceName") == (extended or None)
