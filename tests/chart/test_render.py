@@ -83,6 +83,9 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     intel = values["intel"]
     if intel["enabled"] and intel["vfio"]["enabled"] and intel["vfio"]["deviceClass"]["create"]:
         expected.append("DeviceClass")  # gpu-vfio.intel.com
+    if values["nvidia"]["enabled"]:  # NVIDIA's MIG and VFIO classes
+        for key in ("migDeviceClass", "vfioDeviceClass"):
+            expected += ["DeviceClass"] if values["nvidia"][key]["create"] else []
     assert kinds == sorted(expected)
     for manifest in rendered:
         if manifest["kind"] in ("DaemonSet", "ServiceAccount"):
@@ -94,6 +97,14 @@ def test_device_classes_select_their_driver(
 ) -> None:
     values = chart_values(value_set)
     classes = {m["metadata"]["name"]: m for m in all_of(rendered, "DeviceClass")}
+    nv = values["nvidia"]
+    for key, device_type in (("migDeviceClass", "mig"), ("vfioDeviceClass", "vfio")):
+        if nv["enabled"] and nv[key]["create"]:
+            d = nv["driverName"]
+            assert classes.pop(nv[key]["name"])["spec"]["selectors"] == [
+                {"cel": {"expression": f"device.driver == '{d}' && "
+                         f"device.attributes['{d}'].type == '{device_type}'"}}
+            ]  # fmt: skip
     for vendor in ("intel", "nvidia", "amd"):
         v = values[vendor]
         if not (v["enabled"] and v["deviceClass"]["create"]):
@@ -101,7 +112,11 @@ def test_device_classes_select_their_driver(
         dc = classes.pop(v["deviceClass"]["name"] or v["driverName"])
         assert dc["apiVersion"] == "resource.k8s.io/v1"
         selectors = [s["cel"]["expression"] for s in dc["spec"]["selectors"]]
-        assert selectors[0] == f'device.driver == "{v["driverName"]}"'
+        expression = f'device.driver == "{v["driverName"]}"'
+        if vendor == "nvidia":  # NVIDIA's chart: whole GPUs only; MIG and VFIO have their own
+            d = v["driverName"]
+            expression = f"device.driver == '{d}' && device.attributes['{d}'].type == 'gpu'"
+        assert selectors[0] == expression
         vfio = v.get("vfio", {}).get("enabled", False)
         if vfio:  # VFIO-bound GPUs only through the passthrough class (test_intel_classes)
             assert selectors[1:] == [

@@ -9,7 +9,7 @@ import pytest
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
-from dra_plugin.devices import NUMA_NODE, DeviceNode, make_device
+from dra_plugin.devices import DeviceNode, make_device
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd import ras as ras_watch
 from dra_plugin.vendors.amd.devices import kfd_topology, ras_uncorrectable
@@ -142,10 +142,6 @@ def test_kfd_topology_and_ras_parsing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "expected"), [("1\n", 1), ("-1\n", None), ("x", None)])
 def test_nvidia_numa_node_from_sysfs(tmp_path: Path, text: str, expected: int | None) -> None:
     _write(tmp_path / "bus/pci/devices/0000:01:00.0/numa_node", text)
-    dev = make_device(
-        name="gpu-0", vendor="nvidia", driver="gpu.nvidia.com", attributes={"type": "gpu"},
-        pci_address="0000:01:00.0",
-    )  # fmt: skip
-    other = make_device(name="gpu-1", vendor="nvidia", driver="d", attributes={})
-    got, untouched = nvidia.with_numa_nodes([dev, other], tmp_path)
-    assert got.attrs.get(NUMA_NODE) == expected and untouched == other
+    assert nvidia.sysfs_numa_node(tmp_path, "0000:01:00.0") == expected
+    assert nvidia.sysfs_numa_node(tmp_path, "0000:02:00.0") is None  # no such device
+    assert nvidia.sysfs_numa_node(tmp_path, "../0000:01:00.0") is None  # never a path

@@ -223,3 +223,9 @@ beta) as `helm install` sees the cluster (or --kube-version for `helm template`)
 {{- toString $v -}}
 {{- end -}}
 {{- end }}
+
+{{- /* NVIDIA's DeviceClass selector for one device type: (list driverName type). */}}
+{{- define "dra-plugin.nvidiaSelector" -}}
+{{- $driver := index . 0 -}}
+device.driver == '{{ $driver }}' && device.attributes['{{ $driver }}'].type == '{{ index . 1 }}'
+{{- end }}

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_plugin.devices import (
@@ -58,11 +58,15 @@ CONTROL_NODES = (
 )
 FULL_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of whole-GPU events
 
-# Same spellings as go-nvlib (GetArchitectureAsString / GetBrandAsString).
+# Same spellings as go-nvlib (GetArchitectureAsString / GetBrandAsString /
+# GetAddressingModeAsString), keyed by NVML's enums. NVML_DEVICE_ARCH_UNKNOWN is "Unknown";
+# a value go-nvlib cannot name (11, 12, ...) makes NVIDIA's driver refuse the GPU, here
+# the attribute is left out instead (architecture_name() -> None).
 _ARCHITECTURES = {
     2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere",
-    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell",
+    8: "Ada Lovelace", 9: "Hopper", 10: "Blackwell", 13: "Rubin", 0xFFFFFFFF: "Unknown",
 }  # fmt: skip
+_ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 _BRANDS = {
     0: "Unknown", 1: "Quadro", 2: "Tesla", 3: "NVS", 4: "Grid", 5: "GeForce", 6: "Titan",
     7: "NvidiaVApps", 8: "NvidiaVPC", 9: "NvidiaVCS", 10: "NvidiaVWS",
@@ -106,6 +110,10 @@ def error_line(name: str, message: str) -> str:
     return f"NVML: {what} ({name})" + (f": {hint}" if hint else "")
 
 
+def architecture_name(value: int) -> str | None:
+    return _ARCHITECTURES.get(value)
+
+
 def bus_id(raw: bytes | str) -> str | None:
     """NVML '00000000:1B:00.0' -> '0000:1b:00.0' (4-digit domain, lowercase)."""
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
@@ -146,35 +154,61 @@ class GpuFacts:
     cuda_version: Version | None = None
     bus_id: str | None = None
     pcie_root: str | None = None
+    numa_node: int | None = None  # from sysfs; None also for -1 (no affinity)
+    addressing_mode: int | None = None  # NVML_DEVICE_ADDRESSING_MODE_*
     link: Mapping[str, int | None] = field(default_factory=dict)  # pcieLink* attributes
 
     def attributes(self) -> dict[str, AttrValue | None]:
-        """The attributes a GPU shares with its MIG devices."""
+        """NVIDIA's attributes a GPU shares with its MIG devices."""
         return {
             "productName": truncate(self.product) if self.product is not None else None,
             "brand": _BRANDS.get(self.brand, "Unknown") if self.brand is not None else None,
             "architecture": (
-                _ARCHITECTURES.get(self.architecture, "Unknown")
-                if self.architecture is not None
-                else None
+                architecture_name(self.architecture) if self.architecture is not None else None
             ),
             "cudaComputeCapability": self.compute_capability,
             "driverVersion": self.driver_version,
             "cudaDriverVersion": self.cuda_version,
             PCI_BUS_ID: self.bus_id,
             PCIE_ROOT: self.pcie_root,
-            **self.link,
+            NUMA_NODE: self.numa_node,
+            "addressingMode": (
+                _ADDRESSING_MODES.get(self.addressing_mode)
+                if self.addressing_mode is not None
+                else None
+            ),
         }
 
     def node(self) -> DeviceNode:
         return DeviceNode(f"/dev/nvidia{self.minor}", NVIDIA_MAJOR, self.minor)
 
 
+# The slice builder adds a `health` attribute to every device, within the same limit.
+_OWN_BUDGET = MAX_ATTRIBUTES_AND_CAPACITIES - 1
+
+
+def _fit(
+    attributes: Mapping[str, AttrValue | None],
+    extras: Mapping[str, AttrValue | None],
+    capacity: Mapping[str, int | None],
+) -> tuple[dict[str, AttrValue | None], dict[str, int | None]]:
+    """NVIDIA's attributes and capacities always; our extra attributes (PCIe link) while
+    the device stays within the API server's 32 attributes+capacities, last ones first out
+    (a 7g MIG device has 8 memorySlice capacities)."""
+    used = sum(v is not None for v in attributes.values())
+    used += sum(v is not None for v in capacity.values())
+    room = max(0, _OWN_BUDGET - used)
+    kept = [(k, v) for k, v in extras.items() if v is not None][:room]
+    return {**attributes, **dict(kept)}, dict(capacity)
+
+
 def gpu_device(driver: str, gpu: GpuFacts, memory: int | None) -> Device:
+    attributes, capacity = _fit(
+        {"type": "gpu", "uuid": gpu.uuid, **gpu.attributes()}, gpu.link, {"memory": memory}
+    )
     return make_device(
         name=f"gpu-{gpu.minor}", vendor=NVIDIA, driver=driver,
-        attributes={"type": "gpu", "uuid": gpu.uuid, **gpu.attributes()},
-        capacity={"memory": memory},
+        attributes=attributes, capacity=capacity,
         nodes=[gpu.node(), *CONTROL_NODES],
         pci_address=gpu.bus_id, uuid=gpu.uuid,
         extra={"minor": str(gpu.minor), "uuid": gpu.uuid, "index": str(gpu.index)},
@@ -190,14 +224,17 @@ def mig_device(
     *,
     gi: int,
     ci: int,
-    memory: int | None,
+    capacity: Mapping[str, int | None],
     cap_nodes: list[DeviceNode],
 ) -> Device:
+    attributes, caps = _fit(
+        {"type": "mig", "uuid": uuid, "parentUUID": gpu.uuid, "profile": profile,
+         **gpu.attributes()},
+        gpu.link, capacity,
+    )  # fmt: skip
     return make_device(
         name=name, vendor=NVIDIA, driver=driver,
-        attributes={"type": "mig", "uuid": uuid, "parentUUID": gpu.uuid,
-                    "profile": profile, **gpu.attributes()},
-        capacity={"memory": memory},
+        attributes=attributes, capacity=caps,
         nodes=[gpu.node(), *CONTROL_NODES, *cap_nodes],
         pci_address=gpu.bus_id, uuid=uuid,
         extra={"minor": str(gpu.minor), "uuid": uuid, "parentUUID": gpu.uuid,
@@ -259,22 +296,10 @@ def _proc_major(proc_root: Path, driver: str) -> int | None:
     return None
 
 
-def with_numa_nodes(devices: Iterable[Device], sysfs_root: Path) -> list[Device]:
-    """Add resource.kubernetes.io/numaNode from `<sysfs>/bus/pci/devices/<bus id>/numa_node`.
-
-    NVML's own NUMA call needs a newer driver than we require; sysfs has it on every
-    kernel. -1 (no affinity) and unreadable files add nothing.
-    """
-    out = []
-    for d in devices:
-        numa = _numa_node(sysfs_root, d.pci_address) if d.pci_address else None
-        if numa is not None and len(d.attributes) + len(d.capacity) < MAX_ATTRIBUTES_AND_CAPACITIES:
-            d = replace(d, attributes=(*d.attributes, (NUMA_NODE, numa)))
-        out.append(d)
-    return out
-
-
-def _numa_node(sysfs_root: Path, bus: str) -> int | None:
+def sysfs_numa_node(sysfs_root: Path, bus: str) -> int | None:
+    """`<sysfs>/bus/pci/devices/<bus id>/numa_node`: NVML's own NUMA call needs a newer
+    driver than we require; sysfs has it on every kernel. -1 (no affinity) and unreadable
+    files give None."""
     if "/" in bus or bus.startswith("."):
         return None  # a bus id is never a path; refuse to build one from it
     try:

@@ -22,7 +22,7 @@ from dra_plugin.vendors.base import (
 from dra_plugin.vendors.nvidia import cdi, nvml
 from dra_plugin.vendors.nvidia.doctor import check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
-from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID, with_numa_nodes
+from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 
@@ -47,7 +47,7 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
 
     def discover(self, settings: NvidiaSettings, scan: DrmScan, host_root: Path) -> Discovered:
         nv = nvml.discover_nvidia(settings.driver_root, settings.driver_name)
-        devs = sorted(with_numa_nodes(nv.devices, Path("/sys")), key=lambda d: d.name)
+        devs = sorted(nv.devices, key=lambda d: d.name)
         notes: tuple[str, ...] = ()
         if nv.error:
             notes = (f"nvidia: {nv.error}",)

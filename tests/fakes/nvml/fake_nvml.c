@@ -24,6 +24,16 @@
  *     pcie_link = 5 16 5 16           (current gen, current width, max gen, max width;
  *                                      a 0 means "not supported")
  *     mig_mode = 1                    (absent: MIG not supported)
+ *     addressing_mode = 1             (NVML_DEVICE_ADDRESSING_MODE_*; absent: the call
+ *                                      answers NVML_ERROR_NOT_SUPPORTED)
+ *     gi_profile = 0 19 1 7 14 1 0 0 0 0 4864
+ *                                     (a GPU instance profile: NVML_GPU_INSTANCE_PROFILE_*
+ *                                      index, then nvmlGpuInstanceProfileInfo_t's id,
+ *                                      sliceCount, instanceCount, multiprocessorCount,
+ *                                      copyEngineCount, decoderCount, encoderCount,
+ *                                      jpegCount, ofaCount, memorySizeMB; one line each)
+ *     gi_placements = 0 0+1 1+1 2+1   (the possible placements of the profile with that
+ *                                      index, start+size)
  *     supported_events = 0xb
  *   telemetry (each key absent: the call answers NVML_ERROR_NOT_SUPPORTED):
  *     utilization = 87 45             (gpu %, memory %)
@@ -95,6 +105,16 @@ enum {
 #define MAX_MIGS 64
 #define MAX_MIG_PER_GPU 7
 #define TEXT 96
+#define GI_PROFILE_COUNT 18
+#define MAX_PLACEMENTS 8
+
+typedef struct {
+    int present;
+    unsigned id, slices, instances, sm, ce, dec, enc, jpeg, ofa;
+    unsigned long long memory_mib;
+    unsigned nplacements;
+    unsigned placements[MAX_PLACEMENTS][2];
+} gi_profile;
 
 typedef struct {
     int is_mig;
@@ -108,6 +128,8 @@ typedef struct {
     unsigned pci_device_id, pci_subsystem_id;
     unsigned link[4];
     int mig_mode; /* -1: not supported */
+    int addressing_mode; /* -1: not supported */
+    gi_profile profiles[GI_PROFILE_COUNT];
     unsigned long long supported_events;
     unsigned gi, ci, profile_id, placement_start, placement_size;
     /* telemetry; has_* 0: not supported */
@@ -141,6 +163,24 @@ typedef struct {
     unsigned id, profileId;
     unsigned start, size;
 } nvmlGpuInstanceInfo_t;
+
+typedef struct {
+    unsigned id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+} nvmlGpuInstanceProfileInfo_t;
+typedef struct {
+    unsigned version, id, isP2pSupported, sliceCount, instanceCount, multiprocessorCount,
+        copyEngineCount, decoderCount, encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+} nvmlGpuInstanceProfileInfo_v2_t;
+typedef struct {
+    unsigned start, size;
+} nvmlGpuInstancePlacement_t;
+typedef struct {
+    unsigned version, value;
+} nvmlDeviceAddressingMode_t;
 
 typedef struct {
     unsigned gpu, memory;
@@ -178,9 +218,42 @@ static void new_device(fake_dev *d, int is_mig, int gpu) {
     d->is_mig = is_mig;
     d->gpu = gpu;
     d->mig_mode = -1;
+    d->addressing_mode = -1;
     d->arch = 0xffffffffu;
     d->supported_events = EVENT_SBE | EVENT_DBE | EVENT_XID;
     d->gi = d->ci = FULL_INSTANCE;
+}
+
+static void set_gi_profile(fake_dev *d, const char *val) {
+    unsigned index;
+    gi_profile p = {.present = 1};
+    if (sscanf(val, "%u %u %u %u %u %u %u %u %u %u %llu", &index, &p.id, &p.slices,
+               &p.instances, &p.sm, &p.ce, &p.dec, &p.enc, &p.jpeg, &p.ofa,
+               &p.memory_mib) != 11 || index >= GI_PROFILE_COUNT) {
+        fprintf(stderr, "fake_nvml: bad gi_profile: %s\n", val);
+        return;
+    }
+    d->profiles[index] = p;
+}
+
+static void set_gi_placements(fake_dev *d, const char *val) {
+    unsigned index;
+    int used = 0;
+    if (sscanf(val, "%u%n", &index, &used) != 1 || index >= GI_PROFILE_COUNT) {
+        fprintf(stderr, "fake_nvml: bad gi_placements: %s\n", val);
+        return;
+    }
+    gi_profile *p = &d->profiles[index];
+    const char *s = val + used;
+    unsigned start, size;
+    int n;
+    p->nplacements = 0;
+    while (p->nplacements < MAX_PLACEMENTS && sscanf(s, " %u+%u%n", &start, &size, &n) == 2) {
+        p->placements[p->nplacements][0] = start;
+        p->placements[p->nplacements][1] = size;
+        p->nplacements++;
+        s += n;
+    }
 }
 
 static void set_key(fake_dev *d, const char *key, const char *val) {
@@ -199,6 +272,9 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
     else if (!strcmp(key, "pcie_link"))
         sscanf(val, "%u %u %u %u", &d->link[0], &d->link[1], &d->link[2], &d->link[3]);
     else if (!strcmp(key, "mig_mode")) d->mig_mode = (int)number(val);
+    else if (!strcmp(key, "addressing_mode")) d->addressing_mode = (int)number(val);
+    else if (!strcmp(key, "gi_profile")) set_gi_profile(d, val);
+    else if (!strcmp(key, "gi_placements")) set_gi_placements(d, val);
     else if (!strcmp(key, "supported_events")) d->supported_events = number(val);
     else if (!strcmp(key, "gpu_instance_id")) d->gi = (unsigned)number(val);
     else if (!strcmp(key, "compute_instance_id")) d->ci = (unsigned)number(val);
@@ -613,6 +689,91 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(void *gi, nvmlGpuInstanceInfo_t *info) {
     info->profileId = d->profile_id;
     info->start = d->placement_start;
     info->size = d->placement_size;
+    return NVML_SUCCESS;
+}
+
+/* Profiles are the physical GPU's; NVML takes the NVML_GPU_INSTANCE_PROFILE_* index. */
+static nvmlReturn_t gi_profile_at(void *h, unsigned index, gi_profile **out) {
+    CHECK(h, d);
+    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (index >= GI_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->profiles[index].present) return NVML_ERROR_NOT_SUPPORTED;
+    *out = &d->profiles[index];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfo(void *h, unsigned index,
+                                                 nvmlGpuInstanceProfileInfo_t *info) {
+    gi_profile *p;
+    nvmlReturn_t r = gi_profile_at(h, index, &p);
+    if (r != NVML_SUCCESS) return r;
+    memset(info, 0, sizeof(*info));
+    info->id = p->id;
+    info->isP2pSupported = 0;
+    info->sliceCount = p->slices;
+    info->instanceCount = p->instances;
+    info->multiprocessorCount = p->sm;
+    info->copyEngineCount = p->ce;
+    info->decoderCount = p->dec;
+    info->encoderCount = p->enc;
+    info->jpegCount = p->jpeg;
+    info->ofaCount = p->ofa;
+    info->memorySizeMB = p->memory_mib;
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(void *h, unsigned index,
+                                                  nvmlGpuInstanceProfileInfo_v2_t *info) {
+    if (!info || info->version != 0x02000098u) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlGpuInstanceProfileInfo_t v1;
+    nvmlReturn_t r = nvmlDeviceGetGpuInstanceProfileInfo(h, index, &v1);
+    if (r != NVML_SUCCESS) return r;
+    info->id = v1.id;
+    info->isP2pSupported = v1.isP2pSupported;
+    info->sliceCount = v1.sliceCount;
+    info->instanceCount = v1.instanceCount;
+    info->multiprocessorCount = v1.multiprocessorCount;
+    info->copyEngineCount = v1.copyEngineCount;
+    info->decoderCount = v1.decoderCount;
+    info->encoderCount = v1.encoderCount;
+    info->jpegCount = v1.jpegCount;
+    info->ofaCount = v1.ofaCount;
+    info->memorySizeMB = v1.memorySizeMB;
+    snprintf(info->name, sizeof info->name, "profile %u", index);
+    return NVML_SUCCESS;
+}
+/* Takes the profile ID (nvmlGpuInstanceProfileInfo_t.id), not the index. With
+ * placements NULL it only answers the count. */
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *h, unsigned profile_id,
+                                                           nvmlGpuInstancePlacement_t *out,
+                                                           unsigned *count) {
+    CHECK(h, d);
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    for (int i = 0; i < GI_PROFILE_COUNT; i++) {
+        gi_profile *p = &d->profiles[i];
+        if (!p->present || p->id != profile_id) continue;
+        if (!out) {
+            *count = p->nplacements;
+            return NVML_SUCCESS;
+        }
+        if (*count < p->nplacements) {
+            *count = p->nplacements;
+            return NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (unsigned k = 0; k < p->nplacements; k++) {
+            out[k].start = p->placements[k][0];
+            out[k].size = p->placements[k][1];
+        }
+        *count = p->nplacements;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+nvmlReturn_t nvmlDeviceGetAddressingMode(void *h, nvmlDeviceAddressingMode_t *mode) {
+    CHECK(h, d);
+    if (!mode || mode->version != 0x1000008u) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    fake_dev *gpu = &g_gpus[d->gpu];
+    if (gpu->addressing_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
+    mode->value = (unsigned)gpu->addressing_mode;
     return NVML_SUCCESS;
 }
 

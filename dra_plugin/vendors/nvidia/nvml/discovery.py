@@ -24,14 +24,17 @@ from dra_plugin.devices import (
     is_dns_label,
     semver,
 )
+from dra_plugin.vendors.nvidia import mig
 from dra_plugin.vendors.nvidia.model import (
     GpuFacts,
+    architecture_name,
     bus_id,
     gpu_device,
     mig_cap_nodes,
     mig_device,
     mig_name,
     mig_profile,
+    sysfs_numa_node,
     sysfs_pcie_root,
 )
 from dra_plugin.vendors.nvidia.nvml.library import (
@@ -42,6 +45,7 @@ from dra_plugin.vendors.nvidia.nvml.library import (
     describe_error,
     session,
 )
+from dra_plugin.vendors.nvidia.nvml.migprofiles import gi_profiles
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +136,7 @@ class _Discovery:
         arch = self.opt(f"{name} architecture", pynvml.nvmlDeviceGetArchitecture, h)
         cc = self.opt(f"{name} compute capability", pynvml.nvmlDeviceGetCudaComputeCapability, h)
         memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, h)
+        addressing = self.addressing_mode(name, h)
         pci = self.opt(f"{name} PCI info", pynvml.nvmlDeviceGetPciInfo_v3, h)
         bus = bus_id(pci.busId) if pci is not None else None
         if pci is not None and bus is None:
@@ -147,6 +152,8 @@ class _Discovery:
                 ("pcieLinkMaxWidth", pynvml.nvmlDeviceGetMaxPcieLinkWidth),
             )
         }
+        if arch is not None and architecture_name(int(arch)) is None:
+            self.warnings.append(f"{name}: NVML architecture {int(arch)} has no name here")
         facts = GpuFacts(
             index=index,
             minor=minor,
@@ -163,11 +170,14 @@ class _Discovery:
             cuda_version=cuda,
             bus_id=bus,
             pcie_root=sysfs_pcie_root(self.sysfs_root, bus) if bus else None,
+            numa_node=sysfs_numa_node(self.sysfs_root, bus) if bus else None,
+            addressing_mode=addressing,
             link={k: int(v) if v is not None else None for k, v in link.items()},
         )
         mig_mode = self.opt(f"{name} MIG mode", pynvml.nvmlDeviceGetMigMode, h)
         if mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
-            migs = self.migs(h, facts)
+            total = int(memory.total) if memory is not None else 0
+            migs = self.migs(h, facts, total)
             if not migs:
                 self.warnings.append(
                     f"{name} ({uuid}) has MIG mode enabled but no MIG devices: "
@@ -178,9 +188,19 @@ class _Discovery:
             self.warnings.append(f"{name}: MIG mode change pending (needs a GPU reset)")
         return [gpu_device(self.driver, facts, int(memory.total) if memory is not None else None)]
 
-    def migs(self, h: Handle, gpu: GpuFacts) -> list[Device]:
+    def addressing_mode(self, name: str, h: Handle) -> int | None:
+        """NVML_DEVICE_ADDRESSING_MODE_*; None where the driver predates the call."""
+        try:
+            return int(pynvml.nvmlDeviceGetAddressingMode(h))
+        except pynvml.NVMLError as e:
+            if code_of(e) not in (*NO_ANSWER_OK, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self.warnings.append(f"{name} addressing mode: {describe_error(e)}")
+        return None
+
+    def migs(self, h: Handle, gpu: GpuFacts, total_memory: int) -> list[Device]:
         devices: list[Device] = []
         names: set[str] = set()
+        profiles = self.opt(f"gpu-{gpu.minor} MIG profiles", gi_profiles, h) or {}
         for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
             try:
                 mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
@@ -191,17 +211,28 @@ class _Discovery:
             gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
             ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
             uuid = str(pynvml.nvmlDeviceGetUUID(mh))
-            profile = mig_profile(str(pynvml.nvmlDeviceGetName(mh)))
+            nvml_profile = mig_profile(str(pynvml.nvmlDeviceGetName(mh)))
             info = self.opt(f"gpu-{gpu.minor} GPU instance {gi}", _gpu_instance_info, h, gi)
             placement = (info.profileId, info.placement.start) if info is not None else None
-            name = mig_name(gpu.minor, profile, gi, ci, placement)
+            # The name keeps NVML's profile spelling (checkpoints record prepared devices
+            # by name); the attribute and capacities are NVIDIA's driver's, from the profile.
+            name = mig_name(gpu.minor, nvml_profile, gi, ci, placement)
             if name in names:  # several compute instances share one GPU instance
                 name = f"{name}-ci{ci}"
             names.add(name)
             if not is_dns_label(name):
                 self.warnings.append(f"MIG device {uuid}: {name!r} is not a DNS label; skipped")
                 continue
-            memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
+            gip = profiles.get(int(info.profileId)) if info is not None else None
+            profile = nvml_profile
+            if gip is not None:
+                slices = (int(info.placement.start), int(info.placement.size))
+                capacity: dict[str, int | None] = dict(mig.capacities(gip, slices))
+                computed = mig.profile_name(gip, total_memory, mig.compute_slices(nvml_profile))
+                profile = computed or nvml_profile
+            else:  # no profile table (old driver): memory only, as NVML reports it
+                memory = self.opt(f"{name} memory", pynvml.nvmlDeviceGetMemoryInfo, mh)
+                capacity = {"memory": int(memory.total) if memory is not None else None}
             caps = mig_cap_nodes(self.proc_root, gpu.minor, gi, ci)
             if isinstance(caps, Path):
                 self.warnings.append(
@@ -210,7 +241,7 @@ class _Discovery:
                 caps = []
             devices.append(mig_device(
                 self.driver, gpu, name, uuid, profile, gi=gi, ci=ci,
-                memory=int(memory.total) if memory is not None else None, cap_nodes=caps,
+                capacity=capacity, cap_nodes=caps,
             ))  # fmt: skip
         return devices
 
