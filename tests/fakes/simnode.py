@@ -752,7 +752,12 @@ class MonitorChild:
 
 
 def device_json(device: Any) -> dict[str, Any]:
+    from dra_plugin.slices.build import canonical_quantity, published_attributes
+
     return {
+        # exactly as the ResourceSlice has them: {"string": ...}, {"version": ...}, "48Gi"
+        "published": published_attributes(device),
+        "published_capacity": {k: canonical_quantity(v) for k, v in device.capacity},
         "name": device.name,
         "vendor": device.vendor,
         "driver": device.driver,

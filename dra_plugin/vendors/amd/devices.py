@@ -193,10 +193,10 @@ def plan(gpu: PciGpu, minors: Minors, topo: Topology) -> Plan:
 
 
 def _memory(vram: int | None, part: _Part, plan: Plan) -> int | None:
-    if plan.whole:
-        return vram or (part.kfd.memory if part.kfd else None)  # a whole GPU
     if part.kfd is not None and part.kfd.memory:
-        return part.kfd.memory  # the kernel's own share for this partition
+        return part.kfd.memory  # as AMD's driver: the node's mem_banks/0 (a partition's share)
+    if plan.whole:
+        return vram
     # No memory bank: amdgpu gives each partition an equal share of VRAM (NPS1: all of
     # it, NPSn: a memory partition's), whichever way it is counted: VRAM / partitions.
     count = plan.expected or len(plan.parts)
