@@ -14,7 +14,10 @@ device is found by its cardIndex and renderIndex.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +27,7 @@ import pytest
 from dra_plugin.quantity import parse_quantity
 from tests.fakes import amdcaptures
 from tests.fakes.amdsim import KFD_DEVPATH
-from tests.fakes.simnode import CARDS, GiB, SimNode, unavailable_reason
+from tests.fakes.simnode import CARDS, REPO_ROOT, GiB, SimNode, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -224,3 +227,17 @@ def test_partitioned_gpu_that_cannot_be_tied_is_reported_not_dropped() -> None:
     assert result["devices"] == []
     assert {s["pci_address"] for s in result["skipped"]} == {"0000:0a:00.0", "0000:80:00.0"}
     assert all("no KFD topology (/sys/class/kfd)" in s["reason"] for s in result["skipped"])
+
+
+def test_discover_command_lists_the_missing_partition() -> None:
+    with SimNode("mi300x-cpx") as node:
+        env = node.env({**os.environ, "VENDORS": "amd", "HOST_ROOT": "/nonexistent"})
+        out = subprocess.run(
+            [sys.executable, "-m", "dra_plugin", "discover"],
+            env=env, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+        )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = out.stdout.splitlines()
+    assert sum(1 for r in rows if r.startswith("amd ")) == 63
+    assert "not published: 0000:e5:00.0: 1 of 8 cpx partitions not published" in out.stdout
+    assert "amd gpu pci=0000:e5:00.0: 1 of 8 cpx partitions" in out.stderr  # the log
