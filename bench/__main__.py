@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import SCHEMA, claims, fleet, report, scale, sharing, startup, telemetry
+from bench import SCHEMA, claims, fleet, held, report, scale, sharing, startup, telemetry
 from bench.node import BenchNode, why_unavailable
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
@@ -22,6 +22,7 @@ SHARED_ENV = {"INTEL_SHARING": "shared", "INTEL_SHARES": "128"}
 class Settings:
     prepare_repeats: int
     prepare_warmup: int
+    held_repeats: int
     burst_claims: int
     burst_rounds: int
     startup_repeats: int
@@ -41,6 +42,7 @@ class Settings:
 FULL = Settings(
     prepare_repeats=200,
     prepare_warmup=5,
+    held_repeats=50,
     burst_claims=64,
     burst_rounds=5,
     startup_repeats=7,
@@ -59,6 +61,7 @@ FULL = Settings(
 SMOKE = Settings(
     prepare_repeats=5,
     prepare_warmup=1,
+    held_repeats=3,
     burst_claims=64,
     burst_rounds=1,
     startup_repeats=2,
@@ -110,6 +113,16 @@ def run_all(cfg: Settings) -> dict[str, Any]:
             t_share = time.monotonic()
             kubelet = node.cluster.kubelet()
             try:
+                t_held = time.monotonic()
+                out["held"] = held.run(
+                    node,
+                    kubelet.wait_for(claims.INTEL),
+                    daemon.proc.pid,
+                    repeats=cfg.held_repeats,
+                    warmup=cfg.prepare_warmup,
+                )
+                timings["held"] = time.monotonic() - t_held
+                t_share = time.monotonic()
                 out["sharing"] = sharing.run(
                     node,
                     kubelet.wait_for(claims.INTEL),

@@ -133,7 +133,8 @@ def _concurrently(calls: int, fn: Any, args: Sequence[Any]) -> tuple[float, list
 
 
 def burst(node: BenchNode, plugin: Plugin, *, claims: int, rounds: int) -> dict[str, Any]:
-    """`claims` one-device claims prepared by as many concurrent calls, then unprepared.
+    """`claims` one-device claims prepared by as many concurrent calls, then unprepared;
+    alternating rounds carry the same number of claims in one call each way.
 
     The claims share the 4 Intel GPUs through `shareID` (shared allocations): an
     exclusive device can be prepared for one claim at a time.
@@ -142,7 +143,9 @@ def burst(node: BenchNode, plugin: Plugin, *, claims: int, rounds: int) -> dict[
     prep_calls: list[float] = []
     unprep_total: list[float] = []
     unprep_calls: list[float] = []
-    for r in range(rounds):
+    one_prep: list[float] = []
+    one_unprep: list[float] = []
+    for r in range(rounds * 2):
         batch = [
             _add_claim(
                 node,
@@ -166,19 +169,36 @@ def burst(node: BenchNode, plugin: Plugin, *, claims: int, rounds: int) -> dict[
         def unprepare_one(claim: Claim) -> None:
             _check_unprepared(plugin.unprepare([claim]), claim)
 
+        if r % 2:  # the same claims in one call: what the burst is held against
+            start = time.perf_counter()
+            resp = plugin.prepare(batch)
+            one_prep.append(time.perf_counter() - start)
+            for claim in batch:
+                _check_prepared(resp, claim)
+            start = time.perf_counter()
+            uresp = plugin.unprepare(batch)
+            one_unprep.append(time.perf_counter() - start)
+            for claim in batch:
+                _check_unprepared(uresp, claim)
+            continue
         total, per_call = _concurrently(claims, prepare_one, batch)
         prep_total.append(total)
         prep_calls.extend(per_call)
         total, per_call = _concurrently(claims, unprepare_one, batch)
         unprep_total.append(total)
         unprep_calls.extend(per_call)
+    burst_p50 = summarize(prep_total)
+    one_p50 = summarize(one_prep)
     return {
         "claims": claims,
         "rounds": rounds,
-        "prepare_total_ms": summarize(prep_total),
+        "prepare_total_ms": burst_p50,
         "prepare_call_ms": summarize(prep_calls),
         "unprepare_total_ms": summarize(unprep_total),
         "unprepare_call_ms": summarize(unprep_calls),
+        "one_call_prepare_ms": one_p50,
+        "one_call_unprepare_ms": summarize(one_unprep),
+        "ratio_burst_to_one_call_p50": ratio(burst_p50["median"], one_p50["median"]),
     }
 
 

@@ -182,6 +182,7 @@ async def _run(nodes: int, compression: float, window: float) -> dict[str, Any]:
         restart = {
             "seconds": round(restart_s, 3),
             "requests": srv.count(),
+            "requests_per_node": round(srv.count() / nodes, 2),
             "writes": srv.writes(),
             "by_verb": _by_verb(srv),
         }

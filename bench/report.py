@@ -9,9 +9,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import sharing
+from bench import held, sharing
 
-TARGET_PREPARE_RATIO = 3.0
+TARGET_PREPARE_RATIO = 2.0
+TARGET_BURST_RATIO = 2.0
+TARGET_START_REQUESTS = 5
+TARGET_RESTART_REQUESTS = 3
 TARGET_FIRST_SLICE_MS = 1000.0
 TARGET_RSS_MIB = 60.0
 TARGET_SAMPLE_CPU_MS_PER_DEVICE = 1.0
@@ -50,6 +53,12 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         "daemon idle window": r["footprint"]["idle"]["api_requests"],
     }
     shared = [sharing.target(r)] if "sharing" in r else []
+    shared += [held.target(r)] if "held" in r else []
+    burst = r["burst"]["ratio_burst_to_one_call_p50"]
+    per_node = {
+        "start": r["fleet"]["start"]["requests_per_node"],
+        "restart": r["fleet"]["restart_no_change"]["requests_per_node"],
+    }
     tel = r["telemetry"]
     sample_cpu = {n: v["sample_cpu_ms_per_device"]["median"] for n, v in tel.items()}
     scrape = {n: v["scrape_ms"]["median"] for n, v in tel.items()}
@@ -70,7 +79,21 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
             "met": max(scrape.values()) < TARGET_SCRAPE_P50_MS,
         },
         {
-            "name": "prepare p50 within 3x floor",
+            "name": "burst of 64 single-claim prepares within 2x one call with the 64",
+            "target": f"<= {TARGET_BURST_RATIO}x",
+            "value": burst,
+            "met": burst <= TARGET_BURST_RATIO,
+        },
+        {
+            "name": "requests per node: <= 5 at start, <= 3 on a restart with no change",
+            "target": f"<= {TARGET_START_REQUESTS} / <= {TARGET_RESTART_REQUESTS}",
+            "value": per_node["start"],
+            "detail": per_node,
+            "met": per_node["start"] <= TARGET_START_REQUESTS
+            and per_node["restart"] <= TARGET_RESTART_REQUESTS,
+        },
+        {
+            "name": "prepare p50 within 2x floor",
             "target": f"<= {TARGET_PREPARE_RATIO}x",
             "value": worst,
             "detail": ratios,
@@ -130,7 +153,21 @@ def table(r: dict[str, Any]) -> str:
                 lvl["shared_prepare_ms"],
                 f"exclusive {lvl['exclusive_prepare_ms']['median']:.2f} ms; {lvl['ratio_p50']}x",
             )
+    if "held" in r:
+        for n, lvl in r["held"]["levels"].items():
+            add(
+                f"prepare 1 claim, {n} claims held (ms)",
+                lvl["prepare_ms"],
+                f"unprepare {lvl['unprepare_ms']['median']:.2f} ms; "
+                f"{lvl['bytes_written_per_cycle']['median']:.0f} bytes written per cycle",
+            )
     b = r["burst"]
+    add(
+        f"one call with {b['claims']} claims: prepare (ms)",
+        b["one_call_prepare_ms"],
+        f"burst/one call {b['ratio_burst_to_one_call_p50']}x; unprepare "
+        f"{b['one_call_unprepare_ms']['median']:.1f} ms",
+    )
     add(f"burst {b['claims']} prepares: total (ms)", b["prepare_total_ms"])
     add(f"burst {b['claims']} prepares: per call (ms)", b["prepare_call_ms"])
     add(f"burst {b['claims']} unprepares: total (ms)", b["unprepare_total_ms"])
@@ -193,7 +230,8 @@ def table(r: dict[str, Any]) -> str:
     plain(
         "fleet restart, no change: writes",
         fl2["restart_no_change"]["writes"],
-        f"{fl2['restart_no_change']['requests']} requests",
+        f"{fl2['restart_no_change']['requests']} requests "
+        f"({fl2['restart_no_change']['requests_per_node']}/node)",
     )
     for n, tv in r["telemetry"].items():
         add(

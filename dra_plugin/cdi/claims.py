@@ -21,7 +21,7 @@ from typing import Any
 
 from dra_plugin.cdi.rules import EARLIEST_VERSION, required_version, validate_spec, version_key
 from dra_plugin.devices import Device, DeviceNode, is_dns_label
-from dra_plugin.host.files import atomic_write
+from dra_plugin.host.files import atomic_write, sync_dir
 
 log = logging.getLogger(__name__)
 
@@ -181,11 +181,7 @@ def remove_spec(cdi_dir: Path, file_name: str) -> bool:
         path.unlink()
     except FileNotFoundError:
         return False
-    fd = os.open(cdi_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
 

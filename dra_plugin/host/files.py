@@ -1,10 +1,55 @@
-"""Files the daemon owns are written atomically: readers see the old or the new content."""
+"""Durable file primitives: atomic writes, directory fsyncs (batched), the flock.
+
+`batched_dir_syncs()` is the group-commit half that lives below the checkpoint: inside it,
+`atomic_write` and `sync_dir` still fsync every file but fsync each directory only once,
+when the block ends (64 spec files prepared in one pass: 64 file fsyncs, 1 dir fsync).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import TracebackType
+
+_deferred = threading.local()
+
+
+def _fsync_dir(path: Path) -> None:
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory now, or at the end of the enclosing `batched_dir_syncs()`."""
+    pending: set[Path] | None = getattr(_deferred, "dirs", None)
+    if pending is None:
+        _fsync_dir(path)
+    else:
+        pending.add(path)
+
+
+@contextlib.contextmanager
+def batched_dir_syncs() -> Iterator[None]:
+    """Defer this thread's directory fsyncs to the end of the block, one per directory.
+
+    They run on the way out also when the block raises: what was renamed is kept."""
+    outer: set[Path] | None = getattr(_deferred, "dirs", None)
+    pending: set[Path] = set()
+    _deferred.dirs = pending
+    try:
+        yield
+    finally:
+        _deferred.dirs = outer
+        for path in sorted(pending):
+            sync_dir(path)  # an enclosing batch takes them over
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
@@ -29,10 +74,40 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    if not durable:
-        return
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if durable:
+        sync_dir(path.parent)
+
+
+class FileLock:
+    """An exclusive flock on a lock file, shared by overlapping plugin instances."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, blocking: bool = True) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the only descriptor drops the flock
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()

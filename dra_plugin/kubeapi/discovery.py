@@ -1,17 +1,20 @@
 """Which resource.k8s.io version the cluster serves, and conversion between versions.
 
-The newest served version of (v1, v1beta2, v1beta1) is found once by API discovery and
-cached; a failed discovery is not cached, so the next call tries again. When discovery
-fails the error says so and names the versions tried: a claim that was never looked up
-must not be reported as "not found".
+No discovery request on the way: the first request that needs a version tries v1, then
+v1beta2, then v1beta1, moving on only at a 404 about the URL (a version not served; a 404
+naming the object means the version is served and the object is missing), and the
+version that answered is kept for the process (what client-go's RESTMapper learns from
+discovery, without the extra round trip). `resource_api_version()` still asks discovery
+when nothing was learned yet (doctor). When no version answers, the error says so and
+names the versions tried: a claim that was never found must not be reported "not found".
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import kubernetes.client
 
@@ -19,6 +22,7 @@ from dra_plugin.kubeapi.errors import ApiError, DiscoveryError, NotFoundError
 from dra_plugin.kubeapi.transport import Obj, Timeouts, Transport
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 RESOURCE_GROUP = "resource.k8s.io"
 # Preference order: the newest the cluster serves wins.
@@ -26,6 +30,24 @@ RESOURCE_VERSIONS = ("v1", "v1beta2", "v1beta1")
 SLICES = "resourceslices"
 CLAIMS = "resourceclaims"
 _TRIED = f"tried {RESOURCE_GROUP} versions {', '.join(RESOURCE_VERSIONS)}"
+_NOT_SERVED = (
+    f"API discovery failed: the API server does not serve {RESOURCE_GROUP} ({_TRIED}); "
+    "DRA needs Kubernetes 1.32+ (v1beta1) or 1.34+ (v1)"
+)
+
+
+def names_the_object(exc: NotFoundError) -> bool:
+    """A 404 Status that names an object (`details`): the URL, so the version, is served.
+
+    An unserved group/version answers a bare 404 (the API server's "404 page not found"
+    or a Status without details)."""
+    body = getattr(exc.__cause__, "body", None)
+    try:
+        status = json.loads(body) if body else None
+    except (TypeError, ValueError):
+        return False
+    details = status.get("details") if isinstance(status, dict) else None
+    return isinstance(details, dict) and bool(details.get("name") or details.get("kind"))
 
 
 def claim_to_v1(claim: Obj, version: str) -> Obj:
@@ -90,10 +112,7 @@ class ResourceDiscovery(Transport):
             try:
                 served = await self.served_resource_versions()
             except NotFoundError as exc:
-                raise DiscoveryError(
-                    f"API discovery failed: the API server does not serve {RESOURCE_GROUP} "
-                    f"({_TRIED}); DRA needs Kubernetes 1.32+ (v1beta1) or 1.34+ (v1)"
-                ) from exc
+                raise DiscoveryError(_NOT_SERVED) from exc
             except ApiError as exc:
                 raise DiscoveryError(
                     f"API discovery of {RESOURCE_GROUP} failed ({_TRIED}): {exc}"
@@ -106,3 +125,28 @@ class ResourceDiscovery(Transport):
             self._version = served[0]
             log.info("using %s/%s (served: %s)", RESOURCE_GROUP, served[0], ",".join(served))
         return self._version
+
+    def known_resource_version(self) -> str | None:
+        """The version learned so far (no request)."""
+        return self._version
+
+    async def versioned(self, call: Callable[[str], Awaitable[_T]]) -> _T:
+        """`call(version)` with the known version, else v1, v1beta2, v1beta1 in turn."""
+        if self._version is not None:
+            return await call(self._version)
+        for version in RESOURCE_VERSIONS:
+            try:
+                result = await call(version)
+            except NotFoundError as exc:
+                if not names_the_object(exc):
+                    continue  # this version is not served
+                self._learn(version)
+                raise
+            self._learn(version)
+            return result
+        raise DiscoveryError(_NOT_SERVED)
+
+    def _learn(self, version: str) -> None:
+        if self._version is None:
+            self._version = version
+            log.info("using %s/%s (the newest that answered)", RESOURCE_GROUP, version)

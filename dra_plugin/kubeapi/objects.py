@@ -5,6 +5,7 @@ shape; claims are returned in the resource.k8s.io/v1 shape whatever version is s
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from dra_plugin.kubeapi.discovery import (
     CLAIMS,
@@ -32,17 +33,15 @@ class ResourceObjects(ResourceDiscovery):
     # --- claims ------------------------------------------------------------------------
     async def get_claim(self, namespace: str, name: str) -> Obj:
         """The ResourceClaim, always in the resource.k8s.io/v1 shape."""
-        version = await self.resource_api_version()
-        claim = await self._read(
-            f"get ResourceClaim {namespace}/{name}",
-            self._custom.get_namespaced_custom_object,
-            RESOURCE_GROUP,
-            version,
-            namespace,
-            CLAIMS,
-            name,
-        )
-        return claim_to_v1(claim, version)
+
+        async def get(version: str) -> Obj:
+            path = f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/{CLAIMS}/{name}"
+            claim = await self._read(
+                f"get ResourceClaim {namespace}/{name}", self._get_path, quote(path)
+            )
+            return claim_to_v1(claim, version)
+
+        return await self.versioned(get)
 
     async def apply_claim_device_status(
         self, namespace: str, name: str, uid: str, devices: list[Obj], *, field_manager: str
@@ -83,15 +82,19 @@ class ResourceObjects(ResourceDiscovery):
     # --- slices ------------------------------------------------------------------------
     async def list_slices(self, node: str, driver: str | None = None) -> tuple[list[Obj], str]:
         """ResourceSlices of `node` (and `driver`), with the list's resourceVersion."""
-        version = await self.resource_api_version()
-        result = await self._read(
-            f"list ResourceSlices of node {node}",
-            self._custom.list_cluster_custom_object,
-            RESOURCE_GROUP,
-            version,
-            SLICES,
-            field_selector=slice_selector(node, driver),
-        )
+
+        async def get(version: str) -> tuple[Obj, str]:
+            result = await self._read(
+                f"list ResourceSlices of node {node}",
+                self._custom.list_cluster_custom_object,
+                RESOURCE_GROUP,
+                version,
+                SLICES,
+                field_selector=slice_selector(node, driver),
+            )
+            return result, version
+
+        result, version = await self.versioned(get)
         items: list[Obj] = list(result.get("items") or [])
         for item in items:
             # List items carry no apiVersion/kind; fill them in so objects are self-describing.

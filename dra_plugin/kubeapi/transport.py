@@ -4,6 +4,12 @@ Every request has a timeout; reads are retried with exponential backoff and jitt
 transient failures (connection refused, 5xx, 429); writes are not retried here because
 their callers re-read and recompute (slices) or log and move on (claim status).
 Blocking client calls run in worker threads (`asyncio.to_thread`).
+
+Plain GETs (claims, nodes: the prepare path) skip the client's per-request work (auth
+settings and host re-evaluated, parameters validated and serialized) and go straight to
+its urllib3 pool with headers computed once; they are recomputed every AUTH_REFRESH_S
+and after a 401, so a rotated in-cluster token (the loader's refresh hook re-reads the
+file) or an exec credential is picked up as client-go does.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import kubernetes.client
 import kubernetes.config
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from dra_plugin.kubeapi.errors import (
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+AUTH_REFRESH_S = 60.0
 
 
 class Backoff:
@@ -85,6 +93,11 @@ class Transport:
         # just to read one Node, which _get_path does with the same client.
         self.timeouts = timeouts or Timeouts()
         self._closed = False
+        self._headers: dict[str, str] = {}
+        self._headers_at = -AUTH_REFRESH_S
+        self._urllib3_timeout = urllib3.Timeout(
+            connect=self.timeouts.connect, read=self.timeouts.read
+        )
 
     # --- construction ------------------------------------------------------------------
     @staticmethod
@@ -163,20 +176,34 @@ class Transport:
         except ValueError as exc:
             raise UnavailableError(f"{what}: response is not JSON") from exc
 
+    def _auth_headers(self, *, refresh: bool = False) -> dict[str, str]:
+        """Headers for a plain GET: the client's defaults and its auth, computed once per
+        AUTH_REFRESH_S (auth_settings() runs the credential refresh hooks)."""
+        now = time.monotonic()
+        if refresh or now - self._headers_at >= AUTH_REFRESH_S:
+            headers = {**self._client.default_headers, "Accept": "application/json"}
+            for auth in self._client.configuration.auth_settings().values():
+                if auth.get("in") == "header" and auth.get("value"):
+                    headers[auth["key"]] = auth["value"]
+            self._headers, self._headers_at = headers, now
+        return self._headers
+
     def _get_path(self, path: str, *, _request_timeout: Any, _preload_content: bool) -> Any:
-        """A plain authenticated GET through the client (for core objects)."""
-        method, url, headers, body, _ = self._client.param_serialize(
-            method="GET",
-            resource_path=path,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self._client.call_api(
-            method, url, header_params=headers, body=body, _request_timeout=_request_timeout
-        )
-        resp.read()
+        """A plain authenticated GET on the client's connection pool (see the module doc)."""
+        url = self._client.configuration.host + path
+        pool = self._client.rest_client.pool_manager
+        for attempt in (1, 2):
+            resp = pool.request(
+                "GET",
+                url,
+                headers=self._auth_headers(refresh=attempt == 2),
+                timeout=self._urllib3_timeout,
+                retries=False,
+            )
+            if resp.status != 401:
+                break  # a 401 once: the token may have rotated; fresh headers, once more
         if not 200 <= resp.status <= 299:
-            raise ApiException(http_resp=resp)
+            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
         return resp
 
     async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:

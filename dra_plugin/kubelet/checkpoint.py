@@ -1,47 +1,52 @@
-"""The prepared-claims record: versioned, checksummed, atomic, locked.
+"""The prepared-claims record: versioned, checksummed, two-phase, locked, O(1) per change.
 
-File `checkpoint.json` in the driver's plugin dir::
-
-    {"kind": "dra-plugin/prepared-claims", "version": 1,
-     "checksum": "sha256:<hex of the canonical payload JSON>",
-     "payload": {"driver": ..., "bootId": ..., "claims": {<uid>: {...}}}}
+`checkpoint.json` is a snapshot (kind `dra-plugin/prepared-claims-snapshot`, version 2;
+`{"kind", "version", "checksum": "sha256:<hex of the canonical payload>", "payload":
+{"driver", "bootId", "claims": {<uid>: {...}}}}`) and `checkpoint.journal` (journal.py)
+one checksummed line per change since it. A change appends lines (`durable`: fdatasync'd);
+once the journal outgrows max(COMPACT_BYTES, 2 x snapshot) a new snapshot is written and
+the journal starts over, so bytes written per change do not grow with the claims held.
+Version 1 files (kind `dra-plugin/prepared-claims`, the whole record rewritten on every
+change) are read as the snapshot: the first append migrates. The kind changed so that an
+older plugin (downgrade, old pod of a rolling update) finds a foreign file and rebuilds
+from the spec files instead of missing the journal's claims.
 
 - Unknown fields (a newer plugin wrote the file) are tolerated and kept on rewrite.
-- Two-phase per claim: `started` is recorded before any side effect, `completed` after the
-  CDI spec is written; `unpreparing` before the spec is removed. Whoever next holds the lock
-  undoes `started` and finishes `unpreparing` (the lock is held across every operation, so
-  a half-done entry seen under the lock belongs to a process that died).
-- A corrupt or foreign file is never a crash loop: it is moved aside to
-  `checkpoint.json.corrupt-<UTC timestamp>` and the record is rebuilt from our CDI spec
-  files on disk (the caller supplies that rebuild), so prepared claims are not lost.
-- Overlapping plugin instances (rolling update) share `checkpoint.lock` (flock).
-- Reboot: see `Loaded.rebooted`; the policy lives in claims.py.
+- Two-phase per claim: `started` before any side effect, `completed` after the CDI spec
+  is written; `unpreparing` before the spec is removed. Whoever next holds the lock undoes
+  `started` and finishes `unpreparing` (the lock is held across every operation, so a
+  half-done entry seen under the lock belongs to a process that died).
+- A corrupt or foreign record is never a crash loop: the files are moved aside to
+  `<name>.corrupt-<UTC timestamp>` and the record is rebuilt from our CDI spec files.
+- Overlapping plugin instances (rolling update) share `checkpoint.lock` (flock); each
+  re-reads only what changed (file identity and size say what).
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
-import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-from dra_plugin.host.files import atomic_write
+# Re-exported for the tests and tools that know them as checkpoint.<name>.
+from dra_plugin.host.files import FileLock, atomic_write
+
+__all__ = ["FileLock", "atomic_write"]
 
 log = logging.getLogger(__name__)
 
-FORMAT_KIND = "dra-plugin/prepared-claims"
-VERSION = 1
+FORMAT_KIND = "dra-plugin/prepared-claims"  # version 1: the whole record in one file
+SNAPSHOT_KIND = "dra-plugin/prepared-claims-snapshot"
+VERSION = 2
 FILE_NAME = "checkpoint.json"
+JOURNAL_NAME = "checkpoint.journal"
 LOCK_NAME = "checkpoint.lock"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+NO_SNAPSHOT = "none"  # the base of a journal written before any snapshot
 
 STARTED = "started"
 COMPLETED = "completed"
@@ -131,9 +136,11 @@ def encode(state: State, driver: str) -> bytes:
         "bootId": state.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(state.claims.items())},
     }
-    checksum = "sha256:" + hashlib.sha256(_canonical(payload)).hexdigest()
-    doc = {"kind": FORMAT_KIND, "version": VERSION, "checksum": checksum, "payload": payload}
-    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+    canonical = _canonical(payload)
+    checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
+    # Compact: the C encoder, and the canonical payload bytes reused as they are.
+    head = _canonical({"checksum": checksum, "kind": SNAPSHOT_KIND, "version": VERSION})
+    return head[:-1] + b',"payload":' + canonical + b"}\n"
 
 
 def _str(obj: Mapping[str, Any], key: str, default: str | None = None) -> str:
@@ -198,13 +205,18 @@ _CLAIM_KEYS.add("deviceMetadata")
 
 
 def decode(raw: bytes, driver: str) -> State:
-    """Parse and verify a checkpoint; raise CheckpointError saying what is wrong."""
+    """Parse and verify a snapshot; raise CheckpointError saying what is wrong."""
+    return decode_snapshot(raw, driver)[0]
+
+
+def decode_snapshot(raw: bytes, driver: str) -> tuple[State, str]:
+    """The snapshot's state and checksum (what a journal continues); CheckpointError."""
     try:
         doc = json.loads(raw)
     except ValueError as exc:
         raise CheckpointError(f"not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("kind") != FORMAT_KIND:
-        raise CheckpointError(f"foreign file: kind is not {FORMAT_KIND!r}")
+    if not isinstance(doc, dict) or doc.get("kind") not in (FORMAT_KIND, SNAPSHOT_KIND):
+        raise CheckpointError(f"foreign file: kind is not {SNAPSHOT_KIND!r}")
     payload = doc.get("payload")
     if not isinstance(payload, dict):
         raise CheckpointError("payload missing")
@@ -221,141 +233,24 @@ def decode(raw: bytes, driver: str) -> State:
     claims = payload.get("claims", {})
     if not isinstance(claims, dict):
         raise CheckpointError("claims is not an object")
-    return State(
+    state = State(
         boot_id=_str(payload, "bootId", ""),
         claims={uid: _decode_claim(uid, c) for uid, c in claims.items()},
         extra={k: v for k, v in payload.items() if k not in ("driver", "bootId", "claims")},
     )
+    return state, want
 
 
-class FileLock:
-    """An exclusive flock on a lock file, shared by overlapping plugin instances."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self, blocking: bool = True) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd
-        return True
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # closing the only descriptor drops the flock
-
-    def __enter__(self) -> FileLock:
-        self.acquire()
-        return self
-
-    def __exit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()
-
-
-@dataclass
-class Loaded:
-    state: State
-    rebooted: bool = False  # the file was written in another boot
-    moved_aside: Path | None = None  # where a corrupt/foreign file went
-
-
-class Checkpoint:
-    """Reads and writes one driver's record. Callers hold `lock` around load..save."""
-
-    def __init__(
-        self,
-        state_dir: Path,
-        driver: str,
-        *,
-        boot_id: Callable[[], str] = read_boot_id,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.path = state_dir / FILE_NAME
-        self.lock = FileLock(state_dir / LOCK_NAME)
-        self.driver = driver
-        self.boot_id = boot_id()
-        self._clock = clock
-        self._cache: tuple[tuple[int, int, int], State] | None = None
-
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = self.path.stat()
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-    def read(self) -> State | None:
-        """The stored state (None when there is no file).
-
-        Raises CheckpointError for a corrupt or foreign file, and OSError when the file
-        cannot be read now (EIO, EMFILE...): a passing failure must not make `load` move a
-        good checkpoint aside and rebuild it with less than it knew.
-        """
-        key = self._stat()
-        if key is None:
-            return None
-        if self._cache is not None and self._cache[0] == key:
-            cached = self._cache[1]  # every write renames, so an unchanged inode is unchanged
-        else:
-            cached = decode(self.path.read_bytes(), self.driver)
-            self._cache = (key, cached)
-        return State(cached.boot_id, dict(cached.claims), dict(cached.extra))
-
-    def load(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
-        """Read the state; a corrupt or foreign file is moved aside and rebuilt, not fatal."""
-        try:
-            state = self.read()
-        except CheckpointError as exc:
-            aside = self.move_aside()
-            claims = rebuild()
-            log.error(
-                "checkpoint unusable path=%s error=%s; moved to %s and rebuilt %d claim(s) "
-                "from the CDI spec files",
-                self.path,
-                exc,
-                aside,
-                len(claims),
-            )
-            state = State(self.boot_id, claims)
-            self.save(state)
-            return Loaded(state, moved_aside=aside)
-        if state is None:
-            return Loaded(State(self.boot_id))
-        rebooted = state.boot_id != self.boot_id
-        state.boot_id = self.boot_id
-        return Loaded(state, rebooted=rebooted)
-
-    def move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        n = 1
-        while aside.exists():
-            n += 1
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-        with contextlib.suppress(FileNotFoundError):
-            os.replace(self.path, aside)
-        self._cache = None
-        return aside
-
-    def remove_temp_files(self) -> None:
-        """Temp files of writes that a crash interrupted (only the lock holder writes)."""
-        for leftover in self.path.parent.glob(f".{self.path.name}.tmp-*"):
-            leftover.unlink(missing_ok=True)
-
-    def save(self, state: State, *, durable: bool = True) -> None:
-        """Write the record; see atomic_write for what `durable=False` gives up."""
-        atomic_write(self.path, encode(state, self.driver), durable=durable)
-        key = self._stat()
-        saved = State(state.boot_id, dict(state.claims), dict(state.extra))
-        self._cache = (key, saved) if key else None
+def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
+    for e in entries:
+        if "put" in e:
+            raw = e["put"]
+            uid = raw.get("uid") if isinstance(raw, dict) else None
+            if not isinstance(uid, str):
+                raise CheckpointError("journal entry without a claim uid")
+            state.claims[uid] = _decode_claim(uid, raw)
+        elif "drop" in e:
+            state.claims.pop(str(e["drop"]), None)
+        elif "bootId" in e:
+            state.boot_id = str(e["bootId"])
+        # Anything else was written by a newer plugin for itself.

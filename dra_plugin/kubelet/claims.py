@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.devices import Device
-from dra_plugin.kubeapi import ApiError, NotFoundError
+from dra_plugin.host.files import batched_dir_syncs
 from dra_plugin.kubelet import devicemetadata, recovery
 from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
     STARTED,
     UNPREPARING,
-    Checkpoint,
-    CheckpointError,
     ClaimRecord,
     DeviceRecord,
     State,
@@ -38,7 +36,10 @@ from dra_plugin.kubelet.contract import (
     check_ref,
     prepared_result,
 )
+from dra_plugin.kubelet.fetch import FetchClaim, fetch_all, known_completed
+from dra_plugin.kubelet.groupcommit import GroupCommit, runs
 from dra_plugin.kubelet.recovery import who as _who
+from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.sharing import Sharing
 
 __all__ = [
@@ -52,29 +53,26 @@ __all__ = [
 ]
 
 
-# --- implementation ------------------------------------------------------------------
-# Reboot policy: claims prepared before a reboot are KEPT. The kubelet's own checkpoint
-# (/var/lib/kubelet, persistent) still lists them, and it restores them as "not prepared",
-# so it calls NodePrepareResources again before it restarts the pods that use them, or
-# NodeUnprepareResources once those pods are gone. Keeping the entries keeps device
-# ownership right in between; their spec files (in /var/cdi/dynamic, which survives the
-# reboot) are re-rendered from the current devices on that re-prepare, because device
-# nodes (cardN, minors) may be numbered differently after a boot. Half-done entries are
-# undone whatever the boot.
-
+# Reboot policy (claims prepared before a reboot are KEPT): see recovery.py.
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-FETCH_CONCURRENCY = 8
-FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 # What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
 ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
+
+
+@dataclass
+class _Job:
+    kind: str  # prepare, unprepare or startup: one kubelet call waiting for the lock
+    refs: list[ClaimRef] = field(default_factory=list)
+    fetched: Mapping[str, Mapping[str, Any] | str] = field(default_factory=dict)
 
 
 class ClaimPreparer:
     """ClaimHandler for one DRA driver: claim -> allocated devices -> CDI spec + checkpoint.
 
-    Serialized by an asyncio lock plus the checkpoint's file lock (overlapping instances);
-    the claim GET happens before the lock, file work runs in a thread.
+    Serialized by group commit (calls that queue while a pass runs share the next one,
+    groupcommit.py) plus the checkpoint's file lock (overlapping instances); the claim GET
+    happens before, file work runs in a thread.
     `on_step` exists only for crash tests: it is called at each named step
     (claim-started, spec-written, claim-completed, claim-unpreparing, spec-removed,
     claim-dropped, spec-rerendered).
@@ -108,15 +106,16 @@ class ClaimPreparer:
         self._on_held = on_held
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
+        self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
-        self._lock = asyncio.Lock()
         self.held: set[str] = set()
+        self._held_generation = -1
 
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
-        await self._locked(self._startup)
+        await self._commit.submit(_Job("startup"))
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
@@ -127,13 +126,10 @@ class ClaimPreparer:
                 results[ref.uid] = PrepareResult(error=err)
             else:
                 refs[ref.uid] = ref
-        known = await asyncio.to_thread(self._known_completed)
-        fetched = await self._fetch_all([r for uid, r in refs.items() if uid not in known])
-        devices = dict(self._devices())
-        done = await self._locked(
-            lambda st: self._prepare(st, list(refs.values()), fetched, devices)
-        )
-        results.update(done)
+        known = await known_completed(self._checkpoint, refs)
+        fetched = await fetch_all(self._fetch, [r for uid, r in refs.items() if uid not in known])
+        if refs:
+            results.update(await self._commit.submit(_Job("prepare", list(refs.values()), fetched)))
         return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -145,22 +141,52 @@ class ClaimPreparer:
             else:
                 results[ref.uid] = check_ref(ref)
         if refs:
-            results.update(await self._locked(lambda st: self._unprepare(st, list(refs.values()))))
+            results.update(await self._commit.submit(_Job("unprepare", list(refs.values()))))
         return results
 
-    # --- locking and recovery --------------------------------------------------------
-    async def _locked(self, fn: Callable[[State], _T]) -> _T:
-        async with self._lock:
-            result, held = await asyncio.to_thread(self._with_file_lock, fn)
-        self.held = held
-        if self._on_held is not None:
-            self._on_held(set(held))
+    # --- locking, batching and recovery ---------------------------------------------
+    async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
+        devices = dict(self._devices())
+        result, held = await asyncio.to_thread(
+            self._with_file_lock, lambda st: self._pass(st, jobs, devices)
+        )
+        if held is not None:
+            self.held = held
+            if self._on_held is not None:
+                self._on_held(set(held))
         return result
 
-    def _with_file_lock(self, fn: Callable[[State], _T]) -> tuple[_T, set[str]]:
+    def _pass(self, state: State, jobs: list[_Job], devices: Mapping[str, Device]) -> list[Any]:
+        """One locked pass over queued calls, in order; runs of prepares (or unprepares)
+        become one prepare: one journal write per phase, one fsync per directory."""
+        out: list[Any] = []
+        for run in runs(jobs, lambda job: job.kind):
+            refs: dict[str, ClaimRef] = {}
+            for job in run:
+                for r in job.refs:
+                    refs.setdefault(r.uid, r)  # a claim in two calls is prepared once
+            try:
+                if run[0].kind == "startup":
+                    self._startup(state)
+                    done: Mapping[str, Any] = {}
+                elif run[0].kind == "prepare":
+                    fetched = {u: f for job in run for u, f in job.fetched.items()}
+                    done = self._prepare(state, list(refs.values()), fetched, devices)
+                else:
+                    done = self._unprepare(state, list(refs.values()))
+            except Exception as exc:  # noqa: BLE001 - the callers of this run get it
+                out.extend([exc] * len(run))
+                continue
+            out.extend({r.uid: done[r.uid] for r in job.refs} for job in run)
+        return out
+
+    def _with_file_lock(self, fn: Callable[[State], _T]) -> tuple[_T, set[str] | None]:
         with self._checkpoint.lock:
             loaded = self._checkpoint.load(self._rebuild)
             state = loaded.state
+            dropped = self._settle(state)
+            if dropped:
+                self._checkpoint.drop(dropped)
             if loaded.rebooted:
                 log.warning(
                     "checkpoint is from an earlier boot driver=%s claims=%d: keeping them; "
@@ -168,13 +194,15 @@ class ClaimPreparer:
                     self.driver,
                     len(state.claims),
                 )
-            if self._settle(state) or loaded.rebooted:
-                self._checkpoint.save(state)
+                self._checkpoint.mark_boot()
             result = fn(state)
-            held = {d.device for c in state.claims.values() for d in c.devices}
+            held = None
+            if self._checkpoint.generation != self._held_generation:  # O(claims): on change
+                self._held_generation = self._checkpoint.generation
+                held = {d.device for c in state.claims.values() for d in c.devices}
         return result, held
 
-    def _settle(self, state: State) -> bool:
+    def _settle(self, state: State) -> list[str]:
         return recovery.settle(state, self.cdi_root, self._metadata.remove_record)
 
     def _startup(self, state: State) -> None:
@@ -185,36 +213,11 @@ class ClaimPreparer:
     def _rebuild(self) -> dict[str, ClaimRecord]:
         return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
 
-    def _known_completed(self) -> set[str]:
-        try:
-            state = self._checkpoint.read()
-        except (CheckpointError, OSError):  # an unusable file is handled under the lock
-            return set()
-        if state is None:
-            return set()
-        return {u for u, c in state.claims.items() if c.state == COMPLETED and not c.recovered}
-
     def _step(self, name: str) -> None:
         if self._on_step is not None:
             self._on_step(name)
 
     # --- prepare ---------------------------------------------------------------------
-    async def _fetch_all(self, refs: Iterable[ClaimRef]) -> dict[str, Mapping[str, Any] | str]:
-        gate = asyncio.Semaphore(FETCH_CONCURRENCY)
-
-        async def one(ref: ClaimRef) -> Mapping[str, Any] | str:
-            async with gate:
-                try:
-                    return await self._fetch(ref.namespace, ref.name)
-                except NotFoundError:
-                    return f"{ref}: not found in the API"
-                except ApiError as exc:
-                    return f"{ref}: cannot read it from the API: {exc}"
-
-        refs = list(refs)
-        got = await asyncio.gather(*(one(r) for r in refs))
-        return {r.uid: g for r, g in zip(refs, got, strict=True)}
-
     def _render(self, uid: str, devices: Sequence[Device]) -> cdi.RenderedSpec:
         unique = list({d.name: d for d in devices}.values())
         return cdi.render_claim_spec(
@@ -297,32 +300,33 @@ class ClaimPreparer:
                 rendered,
             )
         if not pending:
+            self._checkpoint.flush()  # re-rendered specs (_ensure_spec) become durable
             return out
         # Phase 1: record intent before any side effect. Not fsync'd: a process crash
         # keeps it (page cache), and if a power loss drops it, the spec file written next
         # has no owner and start-up garbage collection removes it: the same end state.
-        for uid, (rec, _) in pending.items():
-            state.claims[uid] = rec
-        self._checkpoint.save(state, durable=False)
+        self._checkpoint.put((rec for rec, _ in pending.values()), durable=False)
         self._step("claim-started")
-        # Phase 2: the spec files.
-        for uid, (rec, rendered) in list(pending.items()):
-            try:
-                cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
-            except (OSError, cdi.CdiError) as exc:
-                cdi.remove_spec(self.cdi_root, rendered.file_name)
-                del state.claims[uid], pending[uid]
-                out[uid] = PrepareResult(error=f"{_who(rec)}: cannot write CDI spec: {exc}")
-                continue
-            self._step("spec-written")
-            if rec.device_metadata is not None:
-                pending[uid] = (self._metadata.write_or_drop(rec, devices), rendered)
-        # Phase 3: done.
-        for uid, (rec, _) in pending.items():
-            state.claims[uid] = replace(rec, state=COMPLETED)
-            out[uid] = prepared_result(state.claims[uid])
+        # Phase 2: the spec files, each fsync'd; the CDI dir once for all of them.
+        with batched_dir_syncs():
+            for uid, (rec, rendered) in list(pending.items()):
+                try:
+                    cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+                except (OSError, cdi.CdiError) as exc:
+                    cdi.remove_spec(self.cdi_root, rendered.file_name)
+                    del pending[uid]
+                    self._checkpoint.drop([uid], durable=False)
+                    out[uid] = PrepareResult(error=f"{_who(rec)}: cannot write CDI spec: {exc}")
+                    continue
+                self._step("spec-written")
+                if rec.device_metadata is not None:
+                    pending[uid] = (self._metadata.write_or_drop(rec, devices), rendered)
+        # Phase 3: done, in one durable journal write.
+        completed = [replace(rec, state=COMPLETED) for rec, _ in pending.values()]
+        self._checkpoint.put(completed)
+        for rec in completed:
+            out[rec.uid] = prepared_result(rec)
             log.info("prepared %s devices=%s", _who(rec), ",".join(d.device for d in rec.devices))
-        self._checkpoint.save(state)
         self._step("claim-completed")
         return out
 
@@ -350,8 +354,7 @@ class ClaimPreparer:
             boot_id=self._checkpoint.boot_id,
             devices=tuple(replace(d, cdi_ids=rendered.cdi_ids[d.device]) for d in rec.devices),
         )
-        state.claims[rec.uid] = rec
-        self._checkpoint.save(state)
+        self._checkpoint.put([rec], durable=False)  # made durable at the end of the pass
         log.info("re-rendered CDI spec %s file=%s", _who(rec), rec.spec_file)
         self._step("spec-rerendered")
         return rec
@@ -360,33 +363,34 @@ class ClaimPreparer:
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
         out: dict[str, str] = {}
         known = [r for r in refs if r.uid in state.claims]
-        for ref in known:
-            state.claims[ref.uid] = replace(state.claims[ref.uid], state=UNPREPARING)
         if known:
             # Not fsync'd (see phase 1 of prepare): losing it leaves the claim completed,
             # and the kubelet's repeated unprepare finishes the job.
-            self._checkpoint.save(state, durable=False)
+            marked = [replace(state.claims[r.uid], state=UNPREPARING) for r in known]
+            self._checkpoint.put(marked, durable=False)
             self._step("claim-unpreparing")
-        for ref in refs:
-            rec = state.claims.get(ref.uid)
-            # Unknown UIDs succeed; a stray file of ours for that UID goes too.
-            name = rec.spec_file if rec else cdi.spec_file_name(self.driver, ref.uid)
-            try:
-                if name and cdi.remove_spec(self.cdi_root, name):
-                    self._step("spec-removed")
-            except OSError as exc:
-                out[ref.uid] = f"{ref}: cannot remove CDI spec {name}: {exc}"
-                continue  # stays `unpreparing`; the next lock holder retries
-            try:
-                self._metadata.remove(ref.namespace, ref.name, ref.uid, rec)
-            except OSError as exc:
-                out[ref.uid] = f"{ref}: {exc}"
-                continue
-            if rec is not None:
-                del state.claims[ref.uid]
-                log.info("unprepared %s", ref)
-            out[ref.uid] = ""
+        dropped: list[str] = []
+        with batched_dir_syncs():  # one fsync of the CDI dir for all removals
+            for ref in refs:
+                rec = state.claims.get(ref.uid)
+                # Unknown UIDs succeed; a stray file of ours for that UID goes too.
+                name = rec.spec_file if rec else cdi.spec_file_name(self.driver, ref.uid)
+                try:
+                    if name and cdi.remove_spec(self.cdi_root, name):
+                        self._step("spec-removed")
+                except OSError as exc:
+                    out[ref.uid] = f"{ref}: cannot remove CDI spec {name}: {exc}"
+                    continue  # stays `unpreparing`; the next lock holder retries
+                try:
+                    self._metadata.remove(ref.namespace, ref.name, ref.uid, rec)
+                except OSError as exc:
+                    out[ref.uid] = f"{ref}: {exc}"
+                    continue
+                if rec is not None:
+                    dropped.append(ref.uid)
+                    log.info("unprepared %s", ref)
+                out[ref.uid] = ""
         if known:
-            self._checkpoint.save(state)
+            self._checkpoint.drop(dropped)
             self._step("claim-dropped")
         return out

@@ -4,6 +4,15 @@ Whoever holds the checkpoint lock next finishes what a dead process left: a `sta
 prepare is undone (its spec file removed), an `unpreparing` one is finished. A checkpoint
 that had to be moved aside is rebuilt from our CDI spec files. At start-up, spec files no
 record owns are removed.
+
+Reboot policy: claims prepared before a reboot are KEPT. The kubelet's own checkpoint
+(/var/lib/kubelet, persistent) still lists them, and it restores them as "not prepared",
+so it calls NodePrepareResources again before it restarts the pods that use them, or
+NodeUnprepareResources once those pods are gone. Keeping the entries keeps device
+ownership right in between; their spec files (in /var/cdi/dynamic, which survives the
+reboot) are re-rendered from the current devices on that re-prepare, because device
+nodes (cardN, minors) may be numbered differently after a boot. Half-done entries are
+undone whatever the boot.
 """
 
 from __future__ import annotations
@@ -31,12 +40,12 @@ def who(rec: ClaimRecord) -> str:
 
 def settle(
     state: State, cdi_root: Path, also: Callable[[ClaimRecord], object] | None = None
-) -> bool:
+) -> list[str]:
     """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone.
 
     `also` removes what else a record owns (device metadata); OSError keeps the entry.
-    """
-    changed = False
+    Returns the claims to drop from `state`; the caller records that."""
+    dropped: list[str] = []
     for uid, rec in list(state.claims.items()):
         if rec.state not in (STARTED, UNPREPARING):
             continue
@@ -53,9 +62,8 @@ def settle(
             who(rec),
             *(("prepare", "undone") if rec.state == STARTED else ("unprepare", "finished")),
         )
-        del state.claims[uid]
-        changed = True
-    return changed
+        dropped.append(uid)
+    return dropped
 
 
 def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:

@@ -1,1 +1,2 @@
-"""slices"""
+"""ResourceSlices: devices to slices (pure), the API server's rules, the sync plan, the
+publisher."""

@@ -102,11 +102,14 @@ class SlicePublisher:
         """Resolve the Node and API version, reconcile once, then keep reconciling.
 
         Never raises for an unreachable API: the background loop retries with backoff.
+        One list of the node's slices serves every driver's first reconcile (and the watch
+        starts at its resourceVersion): a restart with nothing changed makes 3 requests.
         """
+        existing = await self._list_all()
         for driver in self.drivers:
             if self._devices[driver] is not None:
                 self._dirty[driver].clear()
-                if await self._reconcile_guarded(driver) in ("conflict", "error"):
+                if await self._reconcile_guarded(driver, existing) in ("conflict", "error"):
                     self._dirty[driver].set()  # the worker retries with backoff
         for driver in self.drivers:
             self._tasks.append(asyncio.create_task(self._worker(driver), name=f"slices-{driver}"))
@@ -137,19 +140,33 @@ class SlicePublisher:
         self._idle[driver].clear()
         self._dirty[driver].set()
 
+    async def _list_all(self) -> dict[str, list[Obj]] | None:
+        """The node's slices by driver (one request), or None when the API failed."""
+        if not any(self._devices[d] is not None for d in self.drivers):
+            return None
+        try:
+            items, self._start_rv = await self._api.list_slices(self.node_name)
+        except ApiError as exc:
+            log.warning("slices list failed node=%s error=%s", self.node_name, exc)
+            return None
+        by_driver: dict[str, list[Obj]] = {d: [] for d in self.drivers}
+        for item in items:
+            by_driver.setdefault(str(item.get("spec", {}).get("driver", "")), []).append(item)
+        return by_driver
+
     async def _ensure_ready(self) -> None:
-        if not self._version:
-            self._version = await self._api.resource_api_version()
         if not self._node_uid:
             node = await self._api.get_node(self.node_name)
             self._node_uid = str(node.get("metadata", {}).get("uid", ""))
 
-    async def _reconcile_guarded(self, driver: str) -> str:
+    async def _reconcile_guarded(
+        self, driver: str, listed: Mapping[str, list[Obj]] | None = None
+    ) -> str:
         """One reconcile: "ok", "conflict", "error" or "invalid"; never raises."""
         self._inflight.add(driver)
         try:
             await self._ensure_ready()
-            await self._reconcile(driver)
+            await self._reconcile(driver, None if listed is None else listed.get(driver, []))
         except ConflictError as exc:
             self.stats.conflicts += 1
             log.info("slices conflict driver=%s, re-reading: %s", driver, exc)
@@ -191,11 +208,16 @@ class SlicePublisher:
                 self._dirty[driver].set()
                 await asyncio.sleep(backoff.next())
 
-    async def _reconcile(self, driver: str) -> None:
+    async def _reconcile(self, driver: str, existing: list[Obj] | None = None) -> None:
         self.stats.reconciles += 1
         devices = self._devices[driver] or ()
-        existing, list_rv = await self._api.list_slices(self.node_name, driver)
-        self._start_rv = self._start_rv or list_rv
+        if existing is None:
+            existing, list_rv = await self._api.list_slices(self.node_name, driver)
+            self._start_rv = self._start_rv or list_rv
+        # Learned from the list (v1 first, older versions on 404): no discovery request.
+        self._version = self._api.known_resource_version() or self._version
+        if not self._version:
+            self._version = await self._api.resource_api_version()
         desired = desired_slices(
             self.node_name,
             self._node_uid,

@@ -1,1 +1,1 @@
-"""telemetry"""
+"""GPU telemetry: the series catalogue, the background sampler, Prometheus exposition."""

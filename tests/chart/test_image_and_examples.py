@@ -69,14 +69,19 @@ def test_image_installs_the_wheel_of_this_pyproject_and_nothing_else() -> None:
     for needed in ("pyproject.toml", PYPROJECT["project"]["readme"], "dra_plugin/"):
         assert needed in build_copies, f"the build stage does not COPY {needed}"
     build_runs = [args for word, args in build if word == "RUN"]
-    assert any(re.search(r"pip wheel .*--wheel-dir /wheels \.$", r) for r in build_runs)
+    assert any(
+        re.search(r"/opt/build/bin/pip wheel --wheel-dir /wheels pip \.$", r) for r in build_runs
+    )
 
-    # The final stage installs that wheel, from /wheels only, with pip's cache off.
+    # The final stage installs that wheel, from /wheels only, with pip's cache off, into
+    # a venv (Debian's python3 refuses system-wide installs) that comes first on PATH.
     wheel = PYPROJECT["project"]["name"].replace("-", "_")
     pip_runs = [args for word, args in final if word == "RUN" and "pip" in args]
     (install,) = pip_runs
     assert f"/wheels/{wheel}-*.whl" in install
     assert "--no-index" in install and "--no-cache-dir" in install
+    assert "python3 -m venv --without-pip /opt/dra-plugin" in install
+    assert any(w == "ENV" and a.startswith("PATH=/opt/dra-plugin/bin:") for w, a in final)
 
     # No dependency is installed separately (they come from the wheel's metadata).
     text = " ".join(args for word, args in _instructions() if word == "RUN")
@@ -86,6 +91,30 @@ def test_image_installs_the_wheel_of_this_pyproject_and_nothing_else() -> None:
         assert not re.search(rf"(?<![\w/-]){re.escape(name)}(?![\w-])", text.lower()), (
             f"the Dockerfile names the dependency {name}: let the wheel bring it"
         )
+
+
+def test_image_build_is_pinned_by_the_constraints_file() -> None:
+    build, _final = _stages()
+    env = " ".join(args for word, args in build if word == "ENV")
+    assert "PIP_CONSTRAINT=/src/constraints.txt" in env
+    copies = [args.split() for word, args in build if word == "COPY"]
+    assert any("constraints.txt" in c[:-1] and c[-1] in ("./", "/src/") for c in copies)
+
+
+def test_dockerfile_needs_no_frontend_from_a_registry() -> None:
+    # A `# syntax=` line makes BuildKit pull that frontend image before anything else.
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M | re.I)
+    first, second = (stage[0][1] for stage in _stages())
+    assert first == "${BASE_IMAGE} AS build" and second == "${BASE_IMAGE}"
+
+
+def test_apt_leaves_no_lists_or_caches() -> None:
+    installs = [a for w, a in _instructions() if w == "RUN" and "apt-get install" in a]
+    assert installs
+    for args in installs:
+        assert "apt-get update" in args  # never an install from a stale layer's lists
+        assert "apt-get clean" in args and "rm -rf /var/lib/apt/lists/*" in args
 
 
 def test_final_image_shape() -> None:
@@ -110,7 +139,13 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
         r for r in (REPO / ".dockerignore").read_text().splitlines() if r and not r.startswith("#")
     ]
     assert rules[0] == "*"
-    for needed in ("pyproject.toml", PYPROJECT["project"]["readme"], "dra_plugin/"):
+    needed_files = (
+        "pyproject.toml",
+        PYPROJECT["project"]["readme"],
+        "dra_plugin/",
+        "constraints.txt",
+    )
+    for needed in needed_files:
         assert f"!{needed}" in rules
 
 

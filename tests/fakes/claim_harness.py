@@ -27,8 +27,9 @@ from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
-from dra_plugin.kubelet.checkpoint import COMPLETED, FILE_NAME, State, decode
+from dra_plugin.kubelet.checkpoint import COMPLETED, State
 from dra_plugin.kubelet.claims import ClaimPreparer, ClaimRef
+from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.intel.ids import INTEL
@@ -177,8 +178,7 @@ def check_consistent(
 ) -> dict[str, Any]:
     """Assert the on-disk invariants; return the checkpoint's claims (uid -> raw record)."""
     cdi_dir = root / "cdi"
-    path = root / "state" / FILE_NAME
-    state = decode(path.read_bytes(), driver) if path.exists() else State("")
+    state = Checkpoint(root / "state", driver, boot_id=str).read() or State("")
     files = cdi.list_spec_files(cdi_dir, [driver])[driver]
     for u, rec in state.claims.items():
         assert rec.state == COMPLETED, f"{u} left {rec.state}"

@@ -27,6 +27,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -192,20 +193,22 @@ def parse_ls(output: str) -> dict[str, tuple[str, int, int]]:
     return found
 
 
-def podman_for_tests(work: Path) -> Podman:
-    """A Podman ready to run, or the test skipped with the reason containers cannot run.
+def unusable(reason: str) -> NoReturn:
+    """Skip a container test that cannot run here; under CI (`CI` set) fail it instead:
+    .ci/setup installs everything and CI runs as root, so there it is a defect."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must run the container tests)")
+    pytest.skip(reason)
 
-    Under CI (`CI` set), missing tools fail instead: .ci/setup installs them, so their
-    absence there is a setup defect, not a machine that cannot run containers.
-    """
+
+def podman_for_tests(work: Path) -> Podman:
+    """A Podman ready to run, or the test skipped (failed under CI) with the reason
+    containers cannot run: a tool missing, or a plain container that does not start."""
     missing = missing_tools()
     if missing:
-        message = f"container runtime not installed: {', '.join(missing)} (.ci/setup installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unusable(f"container runtime not installed: {', '.join(missing)} (.ci/setup installs it)")
     podman = Podman(work)
     reason = podman.cannot_run_reason(work / "empty-cdi")
     if reason:
-        pytest.skip(f"containers cannot run on this machine: {reason}")
+        unusable(f"containers cannot run on this machine: {reason}")
     return podman

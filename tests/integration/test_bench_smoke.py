@@ -29,7 +29,18 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
     "prepare.nvidia": ("prepare_ms", "unprepare_ms"),
     "prepare.intel.floor_ms": ("total", "grpc_round_trip", "fsync_write", "http_get"),
     "prepare.nvidia.floor_ms": ("total", "grpc_round_trip", "fsync_write", "http_get"),
-    "burst": ("prepare_total_ms", "prepare_call_ms", "unprepare_total_ms", "unprepare_call_ms"),
+    "burst": (
+        "prepare_total_ms",
+        "prepare_call_ms",
+        "unprepare_total_ms",
+        "unprepare_call_ms",
+        "one_call_prepare_ms",
+        "one_call_unprepare_ms",
+    ),
+    **{
+        f"held.levels.{n}": ("prepare_ms", "unprepare_ms", "bytes_written_per_cycle")
+        for n in (0, 100, 1000)
+    },
     "startup": (
         "to_getinfo_first_ms",
         "to_getinfo_all_ms",
@@ -62,7 +73,8 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
 NUMBERS: dict[str, tuple[str, ...]] = {
     "prepare.intel": ("ratio_p50_to_floor",),
     "prepare.nvidia": ("ratio_p50_to_floor",),
-    "burst": ("claims",),
+    "burst": ("claims", "ratio_burst_to_one_call_p50"),
+    "held": ("prepare_ratio_p50", "unprepare_ratio_p50", "bytes_ratio_p50"),
     "startup.restart_no_change": ("slice_writes", "requests"),
     "import": ("importtime_daemon_ms",),
     "footprint": ("gpus",),
@@ -96,7 +108,7 @@ NUMBERS: dict[str, tuple[str, ...]] = {
         "requests_per_minute",
         "expected_per_minute",
     ),
-    "fleet.restart_no_change": ("seconds", "requests", "writes"),
+    "fleet.restart_no_change": ("seconds", "requests", "requests_per_node", "writes"),
     "machine": ("nproc",),
     "sharing": ("worst_ratio_p50",),
     "sharing.levels.64": ("ratio_p50", "shares_held"),
@@ -162,7 +174,10 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
     targets = report["targets"]
     assert {t["name"] for t in targets} == {
         "shared prepare p50 within 10% of exclusive",
-        "prepare p50 within 3x floor",
+        "prepare p50 within 2x floor",
+        "O(1) per call: prepare p50 and bytes written, 1,000 held vs 0",
+        "burst of 64 single-claim prepares within 2x one call with the 64",
+        "requests per node: <= 5 at start, <= 3 on a restart with no change",
         "start-up to first slice < 1 s",
         "idle RSS < 60 MB",
         "zero writes when nothing changed",
@@ -175,3 +190,4 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
     # The table is printed too.
     assert "prepare 1 claim, intel" in proc.stdout
     assert "prepare 1 share, 64 shares held" in proc.stdout
+    assert "prepare 1 claim, 1000 claims held" in proc.stdout

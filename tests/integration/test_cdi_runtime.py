@@ -24,10 +24,6 @@ from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim
 from tests.fakes.simnode import CARDS, unavailable_reason
 
-pytestmark = pytest.mark.skipif(
-    unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
-)
-
 IGPU = CARDS["igpu"].name
 # Stand-ins for the NVIDIA control nodes where the host has no driver; nvidia-uvm's major
 # is dynamic on a real node, which is why CDI specs leave it to the runtime to stat.
@@ -40,6 +36,10 @@ CONTROL_STANDINS = {
 
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> rt.Podman:
+    # Every test here needs it: skipped where umockdev is missing, failed under CI.
+    reason = unavailable_reason()
+    if reason is not None:
+        rt.unusable(f"umockdev: {reason}")
     return rt.podman_for_tests(tmp_path_factory.mktemp("podman"))
 
 

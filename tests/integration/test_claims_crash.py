@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUNDS = 200
+ROUNDS = 250
 
 
 def _workdir(tmp_path: Path) -> Path:

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.kubeapi import UnavailableError
-from dra_plugin.kubelet.checkpoint import FILE_NAME, STARTED, UNPREPARING, Checkpoint, ClaimRecord
+from dra_plugin.kubelet.checkpoint import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
 from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PreparedDevice
+from dra_plugin.kubelet.store import Checkpoint
 from tests.fakes.claim_harness import (
     DRIVER,
     NODE,
@@ -340,6 +341,7 @@ def test_hostile_uids_and_names_never_escape_the_cdi_dir(
             "node/state",
             "node/cdi",
             "node/state/checkpoint.json",
+            "node/state/checkpoint.journal",
             "node/state/checkpoint.lock",
         }, entries
 

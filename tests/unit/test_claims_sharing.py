@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.kubelet.checkpoint import FILE_NAME, decode
+from dra_plugin.kubelet.checkpoint import FILE_NAME
 from dra_plugin.kubelet.claims import PreparedDevice
+from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     DRIVER,
@@ -60,7 +61,8 @@ def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) ->
         f"{who(4)}: device {D0} is over-subscribed: it has 3 shares, 3 are held by 3 "
         f"claim(s), this claim asks for 1 (holders: {who(1)}; {who(2)}; {who(3)})"
     )
-    state = decode((tmp_path / "state" / FILE_NAME).read_bytes(), DRIVER)
+    state = Checkpoint(tmp_path / "state", DRIVER, boot_id=str).read()
+    assert state is not None
     assert {u: [(d.share_id, d.shares) for d in r.devices] for u, r in state.claims.items()} == {
         uid(i): [(share_id(i), 1)] for i in (1, 2, 3)
     }

@@ -1,1 +1,2 @@
-"""amd"""
+"""AMD GPUs (amdgpu): discovery with KFD partitions, ids, RAS watcher, telemetry, doctor
+checks, settings."""

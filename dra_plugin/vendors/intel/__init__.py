@@ -1,1 +1,1 @@
-"""intel"""
+"""Intel GPUs (i915, xe): discovery, PCI-id table, telemetry, doctor checks, settings."""

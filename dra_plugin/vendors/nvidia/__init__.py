@@ -1,1 +1,2 @@
-"""nvidia"""
+"""NVIDIA GPUs: NVML (nvml/, the only pynvml importer), device model, CDI userspace, health,
+telemetry, doctor, settings."""

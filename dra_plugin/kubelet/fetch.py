@@ -1,0 +1,57 @@
+"""Claim GETs for a prepare, before the lock: bounded concurrency, failures as data."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from dra_plugin.kubeapi import ApiError, NotFoundError
+from dra_plugin.kubelet.checkpoint import COMPLETED, CheckpointError
+from dra_plugin.kubelet.contract import ClaimRef
+from dra_plugin.kubelet.store import Checkpoint
+
+FETCH_CONCURRENCY = 8
+FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
+
+
+async def _one(fetch: FetchClaim, ref: ClaimRef) -> Mapping[str, Any] | str:
+    try:
+        return await fetch(ref.namespace, ref.name)
+    except NotFoundError:
+        return f"{ref}: not found in the API"
+    except ApiError as exc:
+        return f"{ref}: cannot read it from the API: {exc}"
+
+
+async def fetch_all(
+    fetch: FetchClaim, refs: Sequence[ClaimRef]
+) -> dict[str, Mapping[str, Any] | str]:
+    """uid -> the claim, or the per-claim error message."""
+    if len(refs) == 1:  # the common call: no tasks, no semaphore
+        return {refs[0].uid: await _one(fetch, refs[0])}
+    gate = asyncio.Semaphore(FETCH_CONCURRENCY)
+
+    async def gated(ref: ClaimRef) -> Mapping[str, Any] | str:
+        async with gate:
+            return await _one(fetch, ref)
+
+    got = await asyncio.gather(*(gated(r) for r in refs))
+    return {r.uid: g for r, g in zip(refs, got, strict=True)}
+
+
+async def known_completed(checkpoint: Checkpoint, uids: Iterable[str]) -> set[str]:
+    """Claims prepared as of the last locked pass: their GET is skipped. No I/O once a
+    pass has run (before it, a separate reader reads the files). Rechecked under the lock:
+    one unprepared meanwhile answers "changed while waiting; retry"."""
+    state = checkpoint.cached()
+    if state is None:
+        reader = Checkpoint(checkpoint.path.parent, checkpoint.driver, boot_id=str)
+        try:
+            state = await asyncio.to_thread(reader.read)
+        except (CheckpointError, OSError):  # an unusable file is handled under the lock
+            return set()
+        if state is None:
+            return set()
+    recs = [c for u in uids if (c := state.claims.get(u)) is not None]
+    return {c.uid for c in recs if c.state == COMPLETED and not c.recovered}

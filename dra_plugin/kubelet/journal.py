@@ -1,0 +1,160 @@
+"""The checkpoint's journal file: one checksummed JSON line per change.
+
+    <sha256 hex of BODY> BODY\\n
+
+The first line is the header, `{"kind": JOURNAL_KIND, "version": 2, "driver": ...,
+"base": <checksum of the snapshot it continues>}`; every other line is one entry:
+`{"put": <claim>}`, `{"drop": <uid>}` or `{"bootId": <id>}`. Appends are the only writes,
+so a crash can only tear the last line: a bad last line is that torn append and is cut
+off (the lock holder truncates it before appending); a bad line with good lines after it
+is damage, and the caller treats the whole record as corrupt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dra_plugin.host.files import atomic_write
+
+JOURNAL_KIND = "dra-plugin/prepared-claims-journal"
+JOURNAL_VERSION = 2
+
+
+class JournalError(Exception):
+    """The journal is damaged (not just a torn last line), or not ours."""
+
+
+def line(body: dict[str, Any]) -> bytes:
+    raw = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return hashlib.sha256(raw).hexdigest().encode() + b" " + raw + b"\n"
+
+
+def header(driver: str, base: str) -> bytes:
+    return line({"kind": JOURNAL_KIND, "version": JOURNAL_VERSION, "driver": driver, "base": base})
+
+
+def _body(raw: bytes) -> dict[str, Any] | None:
+    digest, sep, body = raw.partition(b" ")
+    if not sep or hashlib.sha256(body).hexdigest().encode() != digest:
+        return None
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+@dataclass
+class Parsed:
+    entries: list[dict[str, Any]]
+    end: int  # offset just past the last good line
+    torn: bool  # bytes after `end` that are a torn append
+
+
+def parse(data: bytes, start: int = 0) -> Parsed:
+    """Entries from `start` (a line boundary) on; JournalError for damage before the end."""
+    entries: list[dict[str, Any]] = []
+    pos = start
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        body = _body(data[pos:nl]) if nl >= 0 else None
+        if body is None:
+            if nl >= 0 and nl + 1 < len(data):
+                raise JournalError(f"damaged entry at byte {pos} with entries after it")
+            return Parsed(entries, pos, True)
+        entries.append(body)
+        pos = nl + 1
+    return Parsed(entries, pos, False)
+
+
+def check_header(entry: dict[str, Any], driver: str) -> str:
+    """The snapshot checksum the journal continues; JournalError if not ours."""
+    if entry.get("kind") != JOURNAL_KIND:
+        raise JournalError(f"foreign journal: kind is not {JOURNAL_KIND!r}")
+    if entry.get("driver") != driver:
+        raise JournalError(f"foreign journal: written for driver {entry.get('driver')!r}")
+    base = entry.get("base")
+    if not isinstance(base, str):
+        raise JournalError("journal header without base")
+    return base
+
+
+class JournalFile:
+    """The journal on disk: which file was applied, up to where; reads and appends."""
+
+    def __init__(self, path: Path, driver: str) -> None:
+        self.path = path
+        self.driver = driver
+        self.ino: int | None = None  # the journal applied (None: none for this snapshot)
+        self.end = 0  # offset past its last good line
+        self.torn = False  # bytes after `end`: a torn append, cut before the next one
+        self.unsynced = False  # appended without fdatasync since the last sync
+
+    def reset(self) -> None:
+        self.ino, self.end, self.torn, self.unsynced = None, 0, False, False
+
+    def sync(self) -> None:
+        """fdatasync what was appended without it."""
+        if self.ino is not None and self.unsynced:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        self.unsynced = False
+
+    def unchanged_or_grown(self, st: tuple[int, int, int] | None) -> bool:
+        """Whether `st` (ino, mtime, size) is the applied journal, maybe with appends."""
+        if st is None:
+            return self.ino is None
+        return st[0] == self.ino and st[2] >= self.end
+
+    def read(self, base: str) -> list[dict[str, Any]]:
+        """New entries: all of a journal continuing `base` (after its header), or the lines
+        appended since the last read. JournalError for damage."""
+        start = self.end if self.ino is not None else 0
+        try:
+            with open(self.path, "rb") as f:
+                ino = os.fstat(f.fileno()).st_ino
+                f.seek(start)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        parsed = parse(data)
+        entries = parsed.entries
+        if start == 0:
+            if not entries or check_header(entries[0], self.driver) != base:
+                return []  # no whole header, or from before the snapshot (which holds it)
+            entries = entries[1:]
+        self.ino, self.end, self.torn = ino, start + parsed.end, parsed.torn
+        return entries
+
+    def append(self, data: bytes, *, durable: bool, base: str, first: bytes = b"") -> int:
+        """Append lines (a new journal for `base`, starting with `first`, when none is
+        applied); returns the bytes written."""
+        if self.ino is None:
+            # Always durable: later fdatasync'd appends rely on the file's name.
+            data = header(self.driver, base) + first + data
+            atomic_write(self.path, data)
+            self.ino, self.end, self.unsynced = os.stat(self.path).st_ino, 0, False
+        else:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            try:
+                if self.torn:
+                    os.ftruncate(fd, self.end)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if durable:
+                    os.fdatasync(fd)  # also makes earlier unsynced appends durable
+                self.unsynced = not durable
+            finally:
+                os.close(fd)
+        self.end += len(data)
+        self.torn = False
+        return len(data)

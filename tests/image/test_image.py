@@ -1,0 +1,363 @@
+"""The image builds from the Dockerfile on a plain Debian base and runs on a read-only root.
+
+The base is made here: `debootstrap --variant=minbase bookworm` (from the machine's
+Debian mirror), its apt caches dropped, imported into podman as localhost/debian-base.
+The Dockerfile is built on it with `--build-arg BASE_IMAGE=...` and the container then
+runs `dra-plugin --help`, `discover`, and `run` against the fake API server (in this
+process, on 127.0.0.1) until SIGTERM, with `--read-only` and the kubelet and CDI
+directories mounted as the chart mounts them.
+
+The debootstrap tarball and podman's storage (so the build's layer cache) live in
+/var/tmp/dra-plugin-image-test (DRA_PLUGIN_IMAGE_CACHE overrides), so a rerun takes
+seconds where the first run takes a few minutes. podman runs as in tests/fakes/podman.py:
+in a private mount namespace without the cgroup v2 mount crun refuses on hybrid hosts,
+cgroups disabled, and ulimits a sandbox allows.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tarfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.cluster import write_kubeconfig
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("DRA_PLUGIN_IMAGE_CACHE", "/var/tmp/dra-plugin-image-test"))
+SUITE = "bookworm"
+BASE = f"localhost/debian-base:{SUITE}"
+IMAGE = "localhost/dra-plugin:test-debian"
+NODE = "image-node"
+INTEL = "gpu.intel.com"
+TOOLS = ("debootstrap", "podman", "crun", "unshare", "mountpoint", "tar")
+# Paths the chart mounts from the host (values.yaml defaults).
+REGISTRAR = "/var/lib/kubelet/plugins_registry"
+PLUGINS = "/var/lib/kubelet/plugins"
+CDI = "/var/cdi/dynamic"
+
+
+def _unusable(reason: str) -> None:
+    """CI must run this test (.ci/setup installs what it needs): fail there, skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + " (CI must build and run the image)")
+    pytest.skip(reason)
+
+
+def _debian_mirror() -> str | None:
+    """The machine's own Debian mirror (apt's sources), else debootstrap's default."""
+    texts = [p.read_text() for p in Path("/etc/apt/sources.list.d").glob("*.sources")]
+    for text in texts:  # deb822: "URIs: <url>" in a stanza whose suites are plain bookworm
+        for stanza in text.split("\n\n"):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uris and suites and SUITE in suites.group(1).split():
+                return uris.group(1)
+    sources = Path("/etc/apt/sources.list")
+    if sources.exists():
+        m = re.search(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s", sources.read_text(), re.M)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _ca_bundle() -> str | None:
+    """The CA bundle this machine's pip trusts, for a TLS-intercepting proxy in the build."""
+    for candidate in (
+        os.environ.get("PIP_CERT"),
+        os.environ.get("SSL_CERT_FILE"),
+        "/etc/ssl/certs/ca-certificates.crt",
+    ):
+        if candidate and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+@dataclass(frozen=True)
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Podman:
+    """podman with its own storage under CACHE, in a private mount namespace."""
+
+    def __init__(self, cache: Path) -> None:
+        self.cache = cache
+        self.conf = cache / "containers.conf"
+        self.conf.write_text(
+            "[containers]\n"
+            'cgroups = "disabled"\n'
+            "[engine]\n"
+            'cgroup_manager = "cgroupfs"\n'
+            'events_logger = "file"\n'
+            'runtime = "crun"\n'
+        )
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        podman = [
+            "podman",
+            "--root", str(self.cache / "storage"),
+            "--runroot", str(self.cache / "run"),
+            "--tmpdir", str(self.cache / "tmp"),
+            *args,
+        ]  # fmt: skip
+        script = (
+            # crun: "cgroups in hybrid mode not supported": drop the v2 mount here only.
+            "if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi\n"
+            "exec " + " ".join(shlex.quote(a) for a in podman)
+        )
+        return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
+
+    def __call__(self, *args: str, timeout: float = 120, stdin: bytes | None = None) -> Done:
+        (self.cache / "tmp").mkdir(parents=True, exist_ok=True)
+        r = subprocess.run(
+            self.argv(args), capture_output=True, input=stdin, timeout=timeout, env=self.env()
+        )
+        return Done(
+            r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+        )
+
+    def check(self, *args: str, timeout: float = 120) -> Done:
+        r = self(*args, timeout=timeout)
+        assert r.returncode == 0, f"podman {' '.join(args)} failed ({r.returncode}):\n{r.stderr}"
+        return r
+
+    @staticmethod
+    def ulimits() -> list[str]:
+        # podman asks for nofile=1048576 by default; without CAP_SYS_RESOURCE (sandboxes,
+        # CI containers) raising past the hard limit fails.
+        out = []
+        for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
+            hard = resource.getrlimit(which)[1]
+            value = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
+            out += ["--ulimit", f"{name}={value}:{value}"]
+        return out
+
+    def run_args(self, *extra: str) -> list[str]:
+        """`podman run` for the plugin image the way the chart runs it: read-only root,
+        writable /tmp, as root."""
+        return [
+            "run", "--rm", "--read-only", "--tmpfs", "/tmp", *self.ulimits(), *extra,
+        ]  # fmt: skip
+
+
+def _debootstrap_base(tarball: Path) -> None:
+    """A minbase Debian root, without apt's package cache and lists, as a tarball."""
+    work = tarball.parent / "rootfs.tmp"
+    shutil.rmtree(work, ignore_errors=True)
+    cmd = ["debootstrap", "--variant=minbase", SUITE, str(work)]
+    mirror = _debian_mirror()
+    if mirror:
+        cmd.append(mirror)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"debootstrap failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    for deb in (work / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    for path in [*(work / "var/cache/apt").glob("*.bin"), *(work / "var/lib/apt/lists").iterdir()]:
+        if path.is_file():
+            path.unlink()
+    partial = tarball.with_suffix(".tmp")
+    subprocess.run(["tar", "-C", str(work), "-cf", str(partial), "."], check=True, timeout=300)
+    partial.rename(tarball)
+    shutil.rmtree(work)
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[Podman]:
+    missing = [t for t in TOOLS if shutil.which(t) is None]
+    if missing:
+        _unusable(f"missing {', '.join(missing)} (.ci/setup installs them)")
+    if os.geteuid() != 0:
+        _unusable("not root: debootstrap and podman's private mount namespace need root")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # Several checkouts on one machine share the cache: one builds at a time.
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        p = Podman(CACHE)
+        tarball = CACHE / f"debian-{SUITE}-minbase-{platform.machine()}.tar"
+        if not tarball.exists():
+            _debootstrap_base(tarball)
+        if p("image", "exists", BASE).returncode != 0:
+            p.check("import", str(tarball), BASE, timeout=300)
+        yield p
+
+
+@pytest.fixture(scope="module")
+def image(podman: Podman) -> str:
+    build = ["build", "--network=host", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE]
+    ca = _ca_bundle()
+    if ca:
+        build += ["--secret", f"id=pip-ca,src={ca}"]
+    started = time.monotonic()
+    r = podman(*build, str(REPO), timeout=900)
+    assert r.returncode == 0, f"the image did not build:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    print(f"image built in {time.monotonic() - started:.0f}s")
+    # Keep the layer cache for reruns, not every build ever made.
+    podman("image", "prune", "-f", "--filter", "until=72h")
+    return IMAGE
+
+
+def test_the_image_is_built_on_the_debian_base(podman: Podman, image: str) -> None:
+    info = json.loads(podman.check("image", "inspect", image).stdout)[0]
+    labels = info["Config"]["Labels"] or info.get("Labels") or {}
+    assert labels["org.opencontainers.image.base.name"] == BASE
+    r = podman.check(
+        *podman.run_args("--network=none", "--entrypoint", "sh"),
+        image,
+        "-c",
+        "cat /etc/debian_version; command -v python3; command -v pip pip3 || echo no-pip",
+    )
+    version, python, pip = r.stdout.split()
+    assert version.startswith("12.")
+    assert python == "/opt/dra-plugin/bin/python3"  # the venv comes first on PATH
+    assert pip == "no-pip"  # pip ran from its wheel in the build and stayed out
+
+
+def test_no_layer_keeps_apt_lists_or_caches(podman: Podman, image: str, tmp_path: Path) -> None:
+    out = tmp_path / "oci"
+    podman.check("image", "save", "--format", "oci-dir", "--uncompressed", "-o", str(out), image)
+    index = json.loads((out / "index.json").read_text())
+    manifest_digest = index["manifests"][0]["digest"].split(":")[1]
+    manifest = json.loads((out / "blobs/sha256" / manifest_digest).read_text())
+    leftovers = []
+    for layer in manifest["layers"]:
+        with tarfile.open(out / "blobs/sha256" / layer["digest"].split(":")[1]) as tar:
+            for member in tar:
+                name = member.name.removeprefix("./")
+                # Whiteouts (.wh.*) record deletions: what is deleted is not kept.
+                if not member.isfile() or Path(name).name.startswith(".wh."):
+                    continue
+                if (
+                    (name.startswith("var/lib/apt/lists/") and not name.endswith("/lock"))
+                    or re.fullmatch(r"var/cache/apt/.*\.(bin|deb)", name)
+                    or name.startswith(("root/.cache/pip/", "wheels/"))
+                ):
+                    leftovers.append(name)
+    assert len(manifest["layers"]) >= 3  # the base and the Dockerfile's own layers
+    assert not leftovers, leftovers[:20]
+
+
+def test_help(podman: Podman, image: str) -> None:
+    r = podman(*podman.run_args("--network=none"), image, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("usage: dra-plugin")
+    for command in ("run", "discover", "doctor"):
+        assert command in r.stdout
+
+
+def test_discover_without_gpus(podman: Podman, image: str) -> None:
+    r = podman(*podman.run_args("--network=none"), image, "discover")
+    # No GPU here: the table form says so and exits 1 (cli.discover).
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "no GPUs found" in r.stderr
+    r = podman(
+        *podman.run_args("--network=none", "-e", f"NODE_NAME={NODE}"),
+        image,
+        "discover",
+        "-o",
+        "json",
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    # The slices `run` would publish: one empty slice per enabled driver.
+    assert doc["kind"] == "List"
+    assert {s["spec"]["driver"] for s in doc["items"]} == {INTEL, "gpu.nvidia.com"}
+    assert all(s["spec"]["nodeName"] == NODE and not s["spec"].get("devices") for s in doc["items"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthz(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return int(resp.status)
+    except OSError:
+        return None
+
+
+def test_run_serves_until_sigterm(podman: Podman, image: str, tmp_path: Path) -> None:
+    """The daemon starts on the read-only image, registers with the kubelet, publishes its
+    node's slice, answers /healthz, and exits 0 on SIGTERM after removing its socket."""
+    dirs = {
+        path: tmp_path / path.strip("/").replace("/", "_") for path in (REGISTRAR, PLUGINS, CDI)
+    }
+    for d in dirs.values():
+        d.mkdir()
+    port = _free_port()
+    with FakeAPIServer(versions=("v1",)) as srv:
+        srv.add_node(NODE)
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", srv.url)
+        args = podman.run_args(
+            "--network=host",
+            *(a for path, d in dirs.items() for a in ("-v", f"{d}:{path}")),
+            "-v", f"{kubeconfig}:/etc/dra-plugin/kubeconfig:ro",
+            "-e", f"NODE_NAME={NODE}",
+            "-e", "VENDORS=intel",
+            "-e", "KUBECONFIG=/etc/dra-plugin/kubeconfig",
+            "-e", "METRICS_ADDRESS=127.0.0.1",
+            "-e", f"METRICS_PORT={port}",
+        )  # fmt: skip
+        (podman.cache / "tmp").mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            podman.argv([*args, image, "run"]),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=podman.env(),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            sockets: list[Path] = []
+            slices: list[dict[str, object]] = []
+            while time.monotonic() < deadline and proc.poll() is None:
+                sockets = list(dirs[REGISTRAR].glob("*.sock"))
+                slices = [s for s in srv.list_stored_slices() if s["spec"]["nodeName"] == NODE]
+                if sockets and slices and _healthz(port) == 200:
+                    break
+                time.sleep(0.5)
+            assert proc.poll() is None, (
+                "the daemon exited early:\n" + proc.communicate()[1].decode()
+            )
+            assert [s.name for s in sockets] == [f"{INTEL}-reg.sock"]
+            assert (dirs[PLUGINS] / INTEL / "dra.sock").is_socket()
+            assert [s["spec"]["driver"] for s in slices] == [INTEL]
+            assert _healthz(port) == 200
+        finally:
+            # podman run passes SIGTERM on to the container, as the kubelet's stop does.
+            proc.send_signal(signal.SIGTERM)
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+    log = err.decode(errors="replace")
+    assert proc.returncode == 0, log[-4000:]
+    # Shut down the way the kubelet needs: registration gone, slices kept.
+    assert not list(dirs[REGISTRAR].glob("*.sock")), log[-2000:]
+    assert [s["spec"]["driver"] for s in srv.list_stored_slices()] == [INTEL]

@@ -1,0 +1,81 @@
+"""Requests a node makes at start and on a restart with nothing changed, counted by the
+fake API server: no discovery request, one list by node name for every driver."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from dra_plugin.kubeapi import KubeAPI
+from dra_plugin.sharing import Sharing
+from dra_plugin.slices.publisher import SlicePublisher
+from tests.fakes.apiserver import FakeAPIServer
+from tests.integration.test_publisher import FAST, INTEL, NODE, NV, gpus
+
+
+async def _start(srv: FakeAPIServer, sharing: dict[str, Sharing] | None = None) -> SlicePublisher:
+    api = KubeAPI.from_url(srv.url, timeouts=FAST)
+    pub = SlicePublisher(api, NODE, (INTEL, NV), resync_seconds=0, sharing=sharing)
+    pub.set_devices(INTEL, gpus(4, INTEL))
+    pub.set_devices(NV, gpus(4, NV))
+    await pub.start()
+    assert await pub.wait_synced(10)
+    deadline = time.monotonic() + 10
+    while srv.count("watch", "resourceslices") < 1:  # the watch is the last request
+        assert time.monotonic() < deadline, "no watch"
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)  # anything after the watch would be counted too
+    await pub.stop()
+    return pub
+
+
+def _requests(srv: FakeAPIServer) -> dict[str, int]:
+    with srv.lock:
+        return {f"{v} {r}": n for (v, r), n in sorted(srv.requests.items()) if n}
+
+
+@pytest.mark.parametrize("served", [("v1", "v1beta2", "v1beta1"), ("v1",)])
+def test_five_requests_at_start_three_on_a_restart(served: tuple[str, ...]) -> None:
+    with FakeAPIServer(versions=served) as srv:
+        srv.add_node(NODE)
+        asyncio.run(_start(srv))
+        assert _requests(srv) == {
+            "create resourceslices": 2,  # one slice per driver
+            "get nodes": 1,  # its UID, for the slices' owner reference
+            "list resourceslices": 1,  # by node name, for both drivers
+            "watch resourceslices": 1,
+        }
+        srv.reset_counts()
+        asyncio.run(_start(srv))
+        assert _requests(srv) == {
+            "get nodes": 1,
+            "list resourceslices": 1,
+            "watch resourceslices": 1,
+        }
+
+
+def test_an_older_server_costs_one_404_per_version_it_lacks() -> None:
+    with FakeAPIServer(versions=("v1beta1",)) as srv:
+        srv.add_node(NODE)
+        asyncio.run(_start(srv))
+        assert srv.count("get", "discovery") == 0
+        assert srv.writes() == 2 and srv.count("watch", "resourceslices") == 1
+
+
+def test_the_sharing_probe_only_before_writing_a_shared_slice() -> None:
+    with FakeAPIServer(versions=("v1",)) as srv:
+        srv.add_node(NODE)
+        sharing = {INTEL: Sharing(8)}
+        asyncio.run(_start(srv, sharing))
+        assert _requests(srv) == {
+            "create resourceslices": 2,
+            "create-dry-run resourceslices": 1,  # before the first shared slice is written
+            "get nodes": 1,
+            "list resourceslices": 1,
+            "watch resourceslices": 1,
+        }
+        srv.reset_counts()
+        asyncio.run(_start(srv, sharing))  # nothing to write: no probe
+        assert srv.count() == 3 and srv.writes() == 0
