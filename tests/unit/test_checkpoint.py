@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.host import files as durable
-from dra_plugin.host import journal, store
 from dra_plugin.kubelet import checkpoint as ck
+from dra_plugin.kubelet import journal, store
 
 DRIVER = "gpu.intel.com"
 

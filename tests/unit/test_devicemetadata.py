@@ -19,14 +19,13 @@ from dra_plugin.devices import PCI_BUS_ID, make_device
 from dra_plugin.kubelet import devicemetadata as dm
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
-    FILE_NAME,
     STARTED,
-    Checkpoint,
     ClaimRecord,
     DeviceRecord,
-    decode,
+    State,
 )
 from dra_plugin.kubelet.claims import ClaimRef, PreparedDevice
+from dra_plugin.kubelet.store import Checkpoint
 from tests.fakes.claim_harness import (
     DRIVER,
     NODE,
@@ -43,6 +42,18 @@ from tests.fakes.claim_harness import (
 DEVICES = [intel_device(i) for i in range(3)]
 D0, D1, D2 = (d.name for d in DEVICES)
 U = uid(1)
+
+
+def recorded(root: Path) -> State:
+    """The checkpoint as the daemon reads it (snapshot and journal)."""
+    state = Checkpoint(root / "state", DRIVER, boot_id=lambda: "boot-1").read()
+    assert state is not None
+    return state
+
+
+def stored_bytes(root: Path) -> bytes:
+    """Everything the checkpoint keeps on disk (snapshot and journal)."""
+    return b"".join(p.read_bytes() for p in sorted((root / "state").glob("checkpoint.*")))
 
 
 def run(coro: Any) -> Any:
@@ -138,10 +149,8 @@ def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
     second = json.loads(host_file(tmp_path, "default", "gpu-claim", "second").read_text())
     assert [d["name"] for d in second["requests"][0]["devices"]] == [D2]
     # Recorded, so a known claim answers the same without the API.
-    raw = json.loads((tmp_path / "state" / FILE_NAME).read_text())
-    assert raw["payload"]["claims"][U]["deviceMetadata"]["requests"][0]["cdiId"] == (
-        f"{DRIVER}/metadata={U}_gpu"
-    )
+    meta = recorded(tmp_path).claims[U].device_metadata
+    assert meta is not None and meta["requests"][0]["cdiId"] == f"{DRIVER}/metadata={U}_gpu"
     assert run(preparer(tmp_path, FakeApi(), DEVICES).prepare([ref(c)]))[U] == got
     check_consistent(tmp_path)
 
@@ -191,7 +200,7 @@ def test_off_changes_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "off" / "cdi").iterdir()) == [
         cdi.spec_file_name(DRIVER, U)
     ]
-    assert b"deviceMetadata" not in (tmp_path / "off" / "state" / FILE_NAME).read_bytes()
+    assert b"deviceMetadata" not in stored_bytes(tmp_path / "off")
 
 
 def test_unprepare_removes_everything(tmp_path: Path) -> None:
@@ -218,7 +227,8 @@ def test_write_failure_prepares_without_metadata(tmp_path: Path) -> None:
     got = run(p.prepare([ref(c)]))[U]
     assert got.error == "" and got.devices[0].cdi_device_ids == (claim_id(D0),)
     assert not spec_file(tmp_path, "gpu").exists()
-    assert b"deviceMetadata" not in (tmp_path / "state" / FILE_NAME).read_bytes()
+    # The journal keeps the intent line; the claim as recorded has no metadata.
+    assert recorded(tmp_path).claims[U].device_metadata is None
 
 
 def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path) -> None:
@@ -307,5 +317,4 @@ def test_go_json_escapes_like_encoding_json(text: str) -> None:
 def test_old_checkpoint_entries_load_without_metadata(tmp_path: Path) -> None:
     c = claim(1, [result(D0)])
     run(preparer(tmp_path, FakeApi([c]), DEVICES).prepare([ref(c)]))
-    state = decode((tmp_path / "state" / FILE_NAME).read_bytes(), DRIVER)
-    assert state.claims[U].device_metadata is None
+    assert recorded(tmp_path).claims[U].device_metadata is None
