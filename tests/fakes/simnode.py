@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import amdsim
+from tests.fakes import amdcaptures, amdsim
 from tests.fakes.amdsim import AmdBoard
 from tests.fakes.gpusysfs import telemetry_path, write_telemetry
 
@@ -107,6 +107,7 @@ class SimCard:
     amd: AmdBoard | None = None  # what amdgpu adds (tests/fakes/amdsim.py)
     iommu_group: str | None = None  # <pci>/iommu_group -> .../kernel/iommu_groups/<G>
     vfio_cdev: str | None = None  # iommufd cdev (vfio-dev/vfioN) while VFIO-bound
+    cpu_nodes: tuple[dict[str, int], ...] = ()  # the KFD topology's CPU nodes (default: one)
 
     @property
     def devpath(self) -> str:
@@ -212,6 +213,10 @@ CARDS: dict[str, SimCard] = {
     )
 }  # fmt: skip
 
+# Real Instinct nodes in CPX mode (tests/fakes/amdcaptures.py): one card per GPU.
+for _capture in amdcaptures.CAPTURES.values():
+    CARDS.update((kw["key"], SimCard(**kw)) for kw in amdcaptures.cards(_capture))
+
 PROFILES: dict[str, tuple[str, ...]] = {
     "empty": (),
     "igpu": ("igpu",),
@@ -228,7 +233,8 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "vfio": ("vfio",),
     "vfio-all": ("vfio", "xe-vfio"),
     "unbound": ("unbound",),
-    "mixed": tuple(k for k in CARDS if not k.startswith("amd-") and k != "xe-vfio"),
+    "mixed": tuple(k for k in CARDS if not k.startswith(("amd-", "mi3")) and k != "xe-vfio"),
+    **{c: tuple(k for k in CARDS if k.startswith(f"{c}-")) for c in amdcaptures.CAPTURES},
 }
 
 
@@ -497,11 +503,15 @@ class SimNode:
         self._sync_kfd()
 
     def _sync_kfd(self) -> None:
-        gpus = [
-            amdsim.KfdGpu(p.card.pci_address, 128 + p.card.card + i, p.card.amd)
+        bound = [
+            p.card
             for p in self._present.values()
             if p.card.amd and p.card.driver == "amdgpu" and p.card.card is not None
-            for i in range(amdsim.partition_count(p.card.amd))
+        ]
+        gpus = [
+            amdsim.KfdGpu(c.pci_address, c.device_id, 128 + (c.card or 0), c.amd)
+            for c in bound
+            if c.amd
         ]
         kfd = self._path("/sys" + amdsim.KFD_DEVPATH)
         if not gpus:
@@ -511,9 +521,19 @@ class SimNode:
             os.makedirs(self._path("/dev"), exist_ok=True)
             Path(self._path("/dev/kfd")).touch()
         shutil.rmtree(f"{kfd}/topology", ignore_errors=True)
-        for rel, text in amdsim.topology_files(gpus).items():
+        cpus = next((c.cpu_nodes for c in bound if c.cpu_nodes), None)
+        for rel, text in amdsim.topology_files(gpus, *([cpus] if cpus else [])).items():
             os.makedirs(os.path.dirname(f"{kfd}/{rel}"), exist_ok=True)
             Path(f"{kfd}/{rel}").write_text(text)
+        module = next((c.amd.module for c in bound if c.amd and c.amd.module), None)
+        if module is not None:  # the ROCm amdgpu module's version files
+            base = self._path("/sys/module/amdgpu")
+            os.makedirs(base, exist_ok=True)
+            Path(base, "version").write_text(f"{module[0]}\n")
+            Path(base, "srcversion").write_text(f"{module[1]}\n")
+            link = self._path("/sys/bus/pci/drivers/amdgpu/module")
+            if not os.path.islink(link):
+                os.symlink("../../../../module/amdgpu", link)
 
     def _remove_drm(self, present: _Present) -> None:
         for syspath in present.drm:
@@ -760,7 +780,12 @@ class MonitorChild:
 
 
 def device_json(device: Any) -> dict[str, Any]:
+    from dra_plugin.slices.build import canonical_quantity, published_attributes
+
     return {
+        # exactly as the ResourceSlice has them: {"string": ...}, {"version": ...}, "48Gi"
+        "published": published_attributes(device),
+        "published_capacity": {k: canonical_quantity(v) for k, v in device.capacity},
         "name": device.name,
         "vendor": device.vendor,
         "driver": device.driver,

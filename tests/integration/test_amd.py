@@ -49,9 +49,14 @@ def test_apu_discrete_and_partitions_discovered() -> None:
     navi = devs[NAVI]
     assert navi["attributes"] == {
         "type": "amdgpu",
+        "pciAddr": "0000:09:00.0",
+        "cardIndex": 8,
+        "renderIndex": 136,
+        "numaNode": -1,  # as AMD's driver: the raw sysfs value
         "deviceID": "0x744c",
+        "family": "GC_11_0_0",
         "model": "AMD Radeon RX 7900 Series",
-        "family": "RDNA 3",
+        "architecture": "RDNA 3",
         "integrated": False,
         "resource.kubernetes.io/pciBusID": "0000:09:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:00",
@@ -104,7 +109,7 @@ def test_amdgpu_ids_from_the_host_win_over_the_shipped_table(tmp_path: Path) -> 
     with SimNode("amd") as node:
         (dev,) = node.discover("", AMD, str(tmp_path))["devices"]
     assert dev["attributes"]["model"] == "AMD Radeon RX 7900 XTX"
-    assert dev["attributes"]["family"] == "RDNA 3"
+    assert dev["attributes"]["architecture"] == "RDNA 3"
 
 
 def test_amd_not_enabled_is_skipped_with_a_reason() -> None:

@@ -11,9 +11,11 @@ from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import DeviceNode, make_device
 from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd import kfd
 from dra_plugin.vendors.amd import ras as ras_watch
-from dra_plugin.vendors.amd.devices import kfd_topology, ras_uncorrectable
+from dra_plugin.vendors.amd.devices import ras_uncorrectable
 from dra_plugin.vendors.amd.ids import AMD
+from dra_plugin.vendors.amd.kfd import read_topology
 from dra_plugin.vendors.nvidia import model as nvidia
 
 UID = "6a0b4c2e-1f3d-4e5a-9b8c-7d6e5f4a3b2c"
@@ -37,7 +39,7 @@ def test_amdgpu_ids_parsing_and_lookup_order() -> None:
     assert ids[(0x744C, 0xC8)] == "AMD Radeon RX 7900 XTX" and len(ids) == 3
     # exact (device, revision) from libdrm first; family and iGPU flag from our table
     xtx = amd_ids.lookup("0x744c", "0xc8", ids)
-    assert xtx == amd_ids.AmdGpuModel("AMD Radeon RX 7900 XTX", "RDNA 3", False)
+    assert xtx == amd_ids.AmdGpuModel("AMD Radeon RX 7900 XTX", "RDNA 3", False, "GC_11_0_0")
     # a revision libdrm does not list: our table's product line
     assert amd_ids.lookup("0x744c", "0xc0", ids).model == "AMD Radeon RX 7900 Series"
     # an id only libdrm knows (another revision): its name, no family
@@ -119,11 +121,16 @@ def test_kfd_topology_and_ras_parsing(tmp_path: Path) -> None:
         "simd_count 152\nsimd_per_cu 4\nlocation_id 6912\ndomain 0\ndrm_render_minor 138\n",
     )
     _write(nodes / "1/mem_banks/0/properties", "heap_type 1\nsize_in_bytes 25769803776\n")
-    topo = kfd_topology(str(tmp_path / "kfd"))
+    topo = read_topology(str(tmp_path / "kfd"))
     assert list(topo) == [138]
     node = topo[138]
-    assert (node.pci_address, node.compute_units, node.memory) == ("0000:1b:00.0", 38, 24 << 30)
-    assert kfd_topology(None) == {} and kfd_topology(str(tmp_path / "none")) == {}
+    assert (node.slot, node.partition, node.compute_units, node.memory) == (
+        "0000:1b:00",
+        0,
+        38,
+        24 << 30,
+    )
+    assert read_topology(None) == {} and read_topology(str(tmp_path / "none")) == {}
 
     pci = tmp_path / "0000:1b:00.0"
     _write(pci / "ras/features", "feature mask: 0x3fff\n")
@@ -137,6 +144,54 @@ def test_kfd_topology_and_ras_parsing(tmp_path: Path) -> None:
     assert ras_watch.snapshot(["0000:1b:00.0"], str(tmp_path)) == snap
     _write(pci / "ras/umc_err_count", "ue: 1\nce: 13\n")
     assert ras_watch.snapshot(["0000:1b:00.0"], str(tmp_path)) != snap
+
+
+def _node(minor: int, location: int, unique: int | None = 7, domain: int = 0) -> kfd.KfdNode:
+    return kfd.KfdNode(minor, minor, domain, location, unique, 80, 4, None)
+
+
+@pytest.mark.parametrize(
+    ("location", "domain", "slot", "partition"),
+    [
+        (2560, 0, "0000:0a:00", 0),  # MI308X partition 0 (capture: 0a:00.0)
+        (2563, 0, "0000:0a:00", 3),  # partition 3: the index in the low bits
+        (2819, 1, "0001:0b:00", 3),  # PCI domain 1 is its own property
+        (58630, 0, "0000:e5:00", 6),  # MI300X 0000:e5:00, partition 6
+        (5 << 28 | 0x0500, 0, "0000:05:00", 5),  # the reverted layout: bits 31:28
+        (25344, 0, "0000:63:00", 0),  # MI210, unpartitioned
+    ],
+)
+def test_location_id_decoding(location: int, domain: int, slot: str, partition: int) -> None:
+    node = _node(128, location, domain=domain)
+    assert (node.slot, node.partition) == (slot, partition)
+
+
+def test_partitions_tie_by_slot_and_unique_id() -> None:
+    own = _node(128, 2560)
+    nodes = [
+        own,
+        _node(131, 2563),
+        _node(129, 2561),
+        _node(130, 2562, unique=None),  # a kernel without unique ids: slot alone
+        _node(132, 2564, unique=8),  # same slot, another GPU's unique_id: not ours
+        _node(136, 32768),  # another GPU
+    ]
+    parts = kfd.gpu_nodes(nodes, "0000:0a:00.0", own)
+    assert [n.render_minor for n in parts] == [129, 130, 131]
+    assert kfd.indices(parts) == [1, 2, 3]
+    # indices that clash (or claim 0) fall back to render order
+    clash = [_node(140, 2560), _node(141, 2560)]
+    assert kfd.indices(clash) == [1, 2]
+    assert kfd.missing([0, 1, 2, 3, 4, 5, 6], 8) == [7]
+    assert kfd.missing([0, 1], None) == []
+
+
+def test_partition_counts_per_mode() -> None:
+    assert amd_ids.partition_count("0x74a1", "cpx") == 8  # MI300X: 8 XCCs
+    assert amd_ids.partition_count("0x74a2", "cpx") == 4  # MI308X: 4
+    assert amd_ids.partition_count("0x74a0", "cpx") == 6  # MI300A: 6
+    assert amd_ids.partition_count("0x74a1", "dpx") == 2
+    assert amd_ids.partition_count("0xbeef", "cpx") is None
 
 
 @pytest.mark.parametrize(("text", "expected"), [("1\n", 1), ("-1\n", None), ("x", None)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from dra_plugin.doctor import report as doctor
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.vendors.amd.ids import AMD
 from dra_plugin.vendors.intel.ids import INTEL
+from tests.fakes import amdsim
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root
+from tests.fakes.simnode import CARDS
 
 pytestmark = pytest.mark.skipif(not can_mknod(), reason="device nodes need root (mknod)")
 
@@ -94,3 +97,39 @@ def test_mi300x_accelerator_class_is_seen(host: HostRoot) -> None:
     host.load_modules("amdgpu")
     (f,) = findings(host, "pci")
     assert f.status is Status.PASS and "[1002:74a1] bound to amdgpu" in f.found
+
+
+def _capture_gpu(host: HostRoot, key: str, compute: str = "CPX") -> None:
+    """A GPU of a capture node (tests/fakes/amdcaptures.py) with its KFD topology."""
+    card = CARDS[key]
+    assert card.amd is not None and card.card is not None
+    dev = host.pci_gpu(
+        card.pci_address, "1002", card.device_id[2:], cls="0x120000", driver="amdgpu"
+    )
+    (dev / "current_compute_partition").write_text(f"{compute}\n")
+    (dev / "drm" / f"renderD{128 + card.card}").mkdir(parents=True)
+    gpu = amdsim.KfdGpu(card.pci_address, card.device_id, 128 + card.card, card.amd)
+    for rel, text in amdsim.topology_files([gpu]).items():
+        host.write(f"/sys/class/kfd/kfd/{rel}", text)
+
+
+def test_partitions_without_kfd_nodes_are_named(host: HostRoot) -> None:
+    host.load_modules("amdgpu")
+    _capture_gpu(host, "mi300x-cpx-7")  # the capture's GPU with 7 of 8 partitions
+    (f,) = findings(host, "amd-partitions")
+    assert f.status is Status.WARN
+    assert f.found.startswith("0000:e5:00.0 AMD [1002:74a1]: 1 of 8 cpx partitions")
+    assert "partition 7:" in f.found and f.action.startswith("Set the compute partition mode")
+
+
+def test_complete_partitions_pass_and_untied_gpus_warn(host: HostRoot) -> None:
+    host.load_modules("amdgpu")
+    _capture_gpu(host, "mi308x-cpx-0")
+    (f,) = findings(host, "amd-partitions")
+    assert (f.status, f.found) == (
+        Status.PASS,
+        "0000:0a:00.0 AMD [1002:74a2]: 4 cpx partitions, each with its KFD node",
+    )
+    shutil.rmtree(host.path("/sys/class/kfd"))
+    (f,) = findings(host, "amd-partitions")
+    assert f.status is Status.WARN and "none is published" in f.found

@@ -5,15 +5,16 @@ Names: `<PCI address>-<device id>` as for Intel (`0000-03-00-0-0x744c`), and
 reboots and hotplug; card/render indices (the AMD DRA driver's `gpu-<card>-<render>`)
 can shift, and prepared claims are recorded by device name.
 
-Attributes follow ROCm/k8s-gpu-dra-driver where it has a name (`type` amdgpu /
-amdgpu-partition, `deviceID`, `productName`, `driverVersion`, `partitionProfile`,
-`numaNode`, capacities `memory`, `computeUnits`, `simdUnits`), plus ours: `model`,
-`family`, `integrated`, PCIe link gen/width, `computePartition`/`memoryPartition`,
-`partition`, and the standard pciBusID, pcieRoot and numaNode.
+Attributes: every one ROCm/k8s-gpu-dra-driver publishes for the same GPU, same name, type
+and value (its newest set, and the older names that it dropped where they do not clash;
+docs/migrating.md lists them), plus ours: `model`, `architecture`, `integrated`, PCIe
+link gen/width, `computePartition`/`memoryPartition`, `partition`.
 
-Partitions (MI300 and newer): the PCI function's own DRM minors are partition 0; amdgpu
-adds one platform device `amdgpu_xcp_*` per further partition. Those have no sysfs link
-to their GPU: the KFD topology (drm_render_minor -> location_id/domain) ties them to it.
+Partitions (MI300 and newer, not SPX): the PCI function's own DRM minors are partition 0;
+amdgpu adds `amdgpu_xcp_*` platform devices for the others, with no sysfs link to their
+GPU: the KFD topology ties them to it (kfd.py). A partitioned GPU whose partitions cannot
+be tied is not published, and one with partitions missing says which: both with the
+reason, for `discover` and the logs.
 Every AMD claim also gets /dev/kfd, the ROCm compute node (a shared node in CDI).
 """
 
@@ -39,7 +40,9 @@ from dra_plugin.devices import (
 )
 from dra_plugin.host.udev import Minors, PciGpu, UdevScan, attr, by_path_nodes, int_attr
 from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd import kfd
 from dra_plugin.vendors.amd.ids import AMD
+from dra_plugin.vendors.amd.kfd import KfdNode
 
 log = logging.getLogger(__name__)
 
@@ -48,70 +51,6 @@ PASSTHROUGH_DRIVERS = ("vfio-pci",)
 _RAS_COUNT = re.compile(r"^(\w+)_err_count$")
 _UE = re.compile(r"^ue:\s*(\d+)", re.MULTILINE)
 _told_whole: set[str] = set()  # GPUs whose "no partition support" was logged already
-
-
-@dataclass(frozen=True)
-class KfdNode:
-    """One GPU node of the KFD topology (`/sys/class/kfd/kfd/topology/nodes/N`)."""
-
-    render_minor: int
-    pci_address: str  # the GPU's PCI function (partitions share their GPU's)
-    simd_count: int
-    simd_per_cu: int
-    memory: int | None  # sum of its memory banks, bytes
-
-    @property
-    def compute_units(self) -> int | None:
-        return self.simd_count // self.simd_per_cu if self.simd_per_cu > 0 else None
-
-
-def _properties(path: str) -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.strip().partition(" ")
-                if value.strip().lstrip("-").isdigit():
-                    out[key] = int(value)
-    except OSError:
-        pass  # a node removed mid-read (driver unbind) simply has no properties
-    return out
-
-
-def kfd_topology(kfd_sys_path: str | None) -> dict[int, KfdNode]:
-    """render minor -> KFD GPU node; empty without KFD (amdgpu built without HSA, old APU)."""
-    if kfd_sys_path is None:
-        return {}
-    base = os.path.join(kfd_sys_path, "topology", "nodes")
-    try:
-        entries = sorted(os.listdir(base))
-    except OSError:
-        return {}
-    out: dict[int, KfdNode] = {}
-    for entry in entries:
-        props = _properties(os.path.join(base, entry, "properties"))
-        minor = props.get("drm_render_minor", 0)
-        if minor <= 0:
-            continue  # CPU nodes
-        loc = props.get("location_id", 0)  # bus << 8 | device << 3 | function
-        bdf = f"{props.get('domain', 0):04x}:{loc >> 8 & 0xFF:02x}:{loc >> 3 & 0x1F:02x}.{loc & 7}"
-        banks = os.path.join(base, entry, "mem_banks")
-        try:
-            bank_dirs = sorted(os.listdir(banks))
-        except OSError:
-            bank_dirs = []
-        memory = sum(
-            _properties(os.path.join(banks, b, "properties")).get("size_in_bytes", 0)
-            for b in bank_dirs
-        )
-        out[minor] = KfdNode(
-            minor,
-            bdf,
-            props.get("simd_count", 0),
-            props.get("simd_per_cu", 0),
-            memory or None,
-        )
-    return out
 
 
 def ras_uncorrectable(sys_path: str) -> dict[str, int]:
@@ -147,9 +86,13 @@ def skip_reason(gpu: PciGpu, minors: Minors) -> str | None:
     return None
 
 
-def _driver_version(gpu: PciGpu) -> Version | None:
-    # Only the out-of-tree (ROCm) amdgpu has a module version, e.g. "6.10.5.60200-...".
-    raw = attr(gpu.sys_path, "driver/module/version")
+def _module_file(gpu: PciGpu, name: str) -> str | None:
+    # /sys/module/amdgpu/{version,srcversion}: only the out-of-tree (ROCm) amdgpu has them.
+    return attr(gpu.sys_path, f"driver/module/{name}")
+
+
+def _driver_version(raw: str | None) -> Version | None:
+    # As AMD's driver: the first three parts ("6.19.14.31400000" -> 6.19.14).
     if raw is None:
         return None
     try:
@@ -170,112 +113,126 @@ def _partition_modes(gpu: PciGpu) -> tuple[str | None, str | None]:
     return (compute.lower() if compute else None), (memory.lower() if memory else None)
 
 
-@dataclass(frozen=True)
-class _Part:
-    minors: Minors
-    kfd: KfdNode | None
-    own: bool = False  # the PCI function's own minors (partition 0 or the whole GPU)
-
-
 def _render_minor(minors: Minors) -> int:
     render = minors.get("render")
     return render.node.minor if render and render.node.minor is not None else -1
 
 
-def _partitions(
-    gpu: PciGpu, own: Minors, scan: UdevScan, kfd: Mapping[int, KfdNode]
-) -> list[_Part]:
-    """Partition 0 (the PCI function's minors), then the amdgpu_xcp ones KFD ties to it."""
-    parts = [_Part(own, kfd.get(_render_minor(own)), own=True)]
-    others = []
-    for minors in scan.partitions.values():
-        node = kfd.get(_render_minor(minors))
-        if node is not None and node.pci_address == gpu.pci_address:
-            others.append(_Part(minors, node))
-    parts += sorted(others, key=lambda p: _render_minor(p.minors))
-    if scan.partitions and not kfd:
-        log.warning(
-            "amd gpu pci=%s: %d partition device(s) found but no KFD topology "
-            "(/sys/class/kfd) to tie them to their GPU: only partition 0 is published",
-            gpu.pci_address,
-            len(scan.partitions),
-        )
-    return parts
+def _index(minors: Minors, kind: str) -> int | None:
+    minor = minors.get(kind)
+    return minor.node.minor if minor is not None else None
 
 
 @dataclass(frozen=True)
-class _Gpu:
-    """What every device of one GPU (whole, or each partition) shares."""
+class Topology:
+    """What ties partitions to GPUs, read once per discovery pass."""
 
-    pci: PciGpu
-    driver: str
-    attributes: Mapping[str, AttrValue | None]
-    shared: tuple[DeviceNode, ...]
-    health: Health
-    reason: str
+    kfd: Mapping[int, KfdNode]  # render minor -> KFD GPU node
+    xcp: Mapping[int, Minors]  # render minor -> an amdgpu_xcp device's DRM minors
+    kfd_node: DeviceNode | None = None  # /dev/kfd
 
-    def device(
-        self, name: str, part: _Part, more: Mapping[str, AttrValue], memory: int | None
-    ) -> Device:
-        minor_list = sorted(part.minors.items())  # "card" before "render"
-        # udev's by-path links name the PCI function, whose own minors are partition 0.
-        links = by_path_nodes(self.pci.pci_address, part.minors) if part.own else []
-        return make_device(
-            name=name,
-            vendor=AMD,
-            driver=self.driver,
-            attributes={**more, **self.attributes},
-            capacity={
-                "memory": memory,
-                "computeUnits": part.kfd.compute_units if part.kfd else None,
-                "simdUnits": (part.kfd.simd_count or None) if part.kfd else None,
-            },
-            nodes=[m.node for _, m in minor_list] + links,
-            pci_address=self.pci.pci_address,
-            health=self.health,
-            health_reason=self.reason,
-            extra={kind: m.node.path for kind, m in minor_list},
-            shared_nodes=self.shared,
+    @classmethod
+    def read(cls, scan: UdevScan) -> Topology:
+        xcp = {_render_minor(m): m for m in scan.partitions.values() if _render_minor(m) > 0}
+        return cls(kfd.read_topology(scan.kfd_sys_path), xcp, scan.kfd)
+
+
+@dataclass(frozen=True)
+class _Part:
+    index: int
+    minors: Minors
+    kfd: KfdNode | None
+    own: bool = False  # the PCI function's own minors (partition 0 or the whole GPU)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A GPU's devices-to-be: its parts, or why none; what is missing when some are."""
+
+    parts: tuple[_Part, ...] = ()
+    whole: bool = False  # one device for the whole GPU (not partitioned, or SPX)
+    skip: str | None = None  # nothing is published, because
+    partial: str | None = None  # published, but partitions are missing, because
+    expected: int | None = None  # partitions the mode gives this GPU, when known
+
+
+def plan(gpu: PciGpu, minors: Minors, topo: Topology) -> Plan:
+    """One whole GPU, or partition 0 (the PCI function's own DRM minors) and the
+    amdgpu_xcp partitions whose KFD nodes share its slot and unique_id."""
+    compute, _ = _partition_modes(gpu)
+    own = kfd.by_render(topo.kfd, _render_minor(minors))
+    if compute is None or compute == "spx":
+        return Plan((_Part(0, minors, own, own=True),), whole=True)
+    expected = amd_ids.partition_count(gpu.device_id, compute)
+    # As AMD's driver: a partitioned GPU whose partitions cannot be tied to it is skipped
+    # (publishing partition 0 alone would offer part of a GPU as if it were the rest).
+    if not topo.kfd:
+        return Plan(
+            skip=f"in {compute} mode, but the node has no KFD topology (/sys/class/kfd): "
+            "its partitions cannot be tied to it (amdgpu built without HSA_AMD?)"
         )
+    if own is None:
+        return Plan(
+            skip=f"in {compute} mode, but no KFD topology node has its render minor "
+            f"{_render_minor(minors)}: its partitions cannot be tied to it"
+        )
+    nodes = kfd.gpu_nodes(topo.kfd.values(), gpu.pci_address, own)
+    parts = [_Part(0, minors, own, own=True)]
+    lost = []
+    for index, node in zip(kfd.indices(nodes), nodes, strict=True):
+        xcp = topo.xcp.get(node.render_minor)
+        if xcp is None:
+            lost.append(f"KFD node {node.node} (renderD{node.render_minor}) has no DRM device")
+        else:
+            parts.append(_Part(index, xcp, node))
+    problems = lost
+    absent = kfd.missing((p.index for p in parts), expected)
+    if expected is not None and absent:
+        problems = [kfd.describe_missing(compute, expected, absent), *lost]
+    return Plan(tuple(parts), partial="; ".join(problems) or None, expected=expected)
+
+
+def _memory(vram: int | None, part: _Part, plan: Plan) -> int | None:
+    if part.kfd is not None and part.kfd.memory:
+        return part.kfd.memory  # as AMD's driver: the node's mem_banks/0 (a partition's share)
+    if plan.whole:
+        return vram
+    # No memory bank: amdgpu gives each partition an equal share of VRAM (NPS1: all of
+    # it, NPSn: a memory partition's), whichever way it is counted: VRAM / partitions.
+    count = plan.expected or len(plan.parts)
+    return vram // count if vram is not None else None
 
 
 def amd_devices(
-    gpu: PciGpu,
-    minors: Minors,
-    scan: UdevScan,
-    driver_name: str,
-    ids: amd_ids.IdsTable,
-    kfd: Mapping[int, KfdNode],
+    gpu: PciGpu, minors: Minors, driver_name: str, ids: amd_ids.IdsTable, topo: Topology
 ) -> list[Device]:
-    """The whole GPU, or one device per partition where it is partitioned.
-
-    `kfd`: the scan's KFD topology (kfd_topology(scan.kfd_sys_path)), read once per scan.
-    """
+    """The whole GPU, or one device per partition where it is partitioned (see `plan`)."""
     ident = amd_ids.lookup(gpu.device_id, gpu.revision, ids)
     compute, memory_mode = _partition_modes(gpu)
+    gpu_plan = plan(gpu, minors, topo)
     vram = int_attr(gpu.sys_path, "mem_info_vram_total", minimum=1)
     ras = ras_uncorrectable(gpu.sys_path)
     reason = "RAS uncorrectable errors: " + ", ".join(f"{b}={n}" for b, n in ras.items())
-    common = _Gpu(
-        gpu,
-        driver_name,
-        {
-            "deviceID": gpu.device_id,
-            "model": ident.model,
-            "family": ident.family,
-            "productName": _product_name(gpu),
-            "driverVersion": _driver_version(gpu),
-            "integrated": ident.integrated,
-            "partitionProfile": f"{compute}_{memory_mode}" if compute and memory_mode else None,
-            "computePartition": compute,
-            "memoryPartition": memory_mode,
-            "numaNode": gpu.numa_node,
-            **gpu.placement_attributes(),
-        },
-        (scan.kfd,) if scan.kfd is not None else (),
-        Health.UNHEALTHY if ras else Health.HEALTHY,
-        reason if ras else "",
-    )
+    raw_version = _module_file(gpu, "version")
+    own = gpu_plan.parts[0].kfd if gpu_plan.parts else None
+    common: dict[str, AttrValue | None] = {
+        # AMD's DRA driver's attributes (its newest names, then older ones kept)
+        "productName": _product_name(gpu),
+        "numaNode": int_attr(gpu.sys_path, "numa_node"),  # -1 too, as AMD's driver
+        "driverVersion": _driver_version(raw_version),
+        "driverVersionFull": truncate(raw_version) if raw_version else None,
+        "deviceID": gpu.device_id,
+        "partitionProfile": f"{compute}_{memory_mode}" if compute and memory_mode else None,
+        "family": ident.family,
+        "driverSrcVersion": _module_file(gpu, "srcversion"),
+        # ours
+        "model": ident.model,
+        "architecture": ident.architecture,
+        "integrated": ident.integrated,
+        "computePartition": compute,
+        "memoryPartition": memory_mode,
+        **gpu.placement_attributes(),
+    }
     name = pci_device_name(gpu.pci_address, gpu.device_id)
     if compute is None and gpu.pci_address not in _told_whole:
         _told_whole.add(gpu.pci_address)
@@ -284,15 +241,43 @@ def amd_devices(
             "partition-capable, or an older kernel): published as one whole GPU",
             gpu.pci_address,
         )
-    if compute is None or compute == "spx":
-        own = _Part(minors, kfd.get(_render_minor(minors)), own=True)
-        return [common.device(name, own, {"type": "amdgpu"}, vram)]
-    parts = _partitions(gpu, minors, scan, kfd)
     devices = []
-    for i, part in enumerate(parts):
-        memory = part.kfd.memory if part.kfd and part.kfd.memory else None
-        if memory is None and vram is not None:
-            memory = vram // len(parts)
-        more: dict[str, AttrValue] = {"type": "amdgpu-partition", "partition": i}
-        devices.append(common.device(f"{name}-p{i}", part, more, memory))
+    for part in gpu_plan.parts:
+        if gpu_plan.whole:
+            more: dict[str, AttrValue | None] = {"type": "amdgpu", "pciAddr": gpu.pci_address}
+            dev_name = name
+        else:
+            more = {
+                "type": "amdgpu-partition",
+                "parentPciAddr": gpu.pci_address,
+                "parentDeviceID": str(own.unique_id) if own and own.unique_id else None,
+                "partition": part.index,
+            }
+            dev_name = f"{name}-p{part.index}"
+        more |= {
+            "cardIndex": _index(part.minors, "card"),
+            "renderIndex": _render_minor(part.minors),
+        }
+        minor_list = sorted(part.minors.items())  # "card" before "render"
+        # udev's by-path links name the PCI function, whose own minors are partition 0.
+        links = by_path_nodes(gpu.pci_address, part.minors) if part.own else []
+        devices.append(
+            make_device(
+                name=dev_name,
+                vendor=AMD,
+                driver=driver_name,
+                attributes={**more, **common},
+                capacity={
+                    "memory": _memory(vram, part, gpu_plan),
+                    "computeUnits": part.kfd.compute_units if part.kfd else None,
+                    "simdUnits": (part.kfd.simd_count or None) if part.kfd else None,
+                },
+                nodes=[m.node for _, m in minor_list] + links,
+                pci_address=gpu.pci_address,
+                health=Health.UNHEALTHY if ras else Health.HEALTHY,
+                health_reason=reason if ras else "",
+                extra={kind: m.node.path for kind, m in minor_list},
+                shared_nodes=(topo.kfd_node,) if topo.kfd_node is not None else (),
+            )
+        )
     return devices

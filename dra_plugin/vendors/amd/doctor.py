@@ -1,4 +1,5 @@
-"""Doctor's AMD checks: amdgpu loaded, firmware, /dev/kfd, and the link of a card's switch.
+"""Doctor's AMD checks: amdgpu loaded, firmware, /dev/kfd, partitions (each with its KFD
+node), and the link of a card's switch.
 
 Everything is read from sysfs, /proc and /dev under the host root; nothing needs dmesg.
 A card on the bus without a driver while amdgpu is loaded means the driver's probe
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dra_plugin.doctor.checks import node_problem
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu, switch_port
+from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd import kfd
 from dra_plugin.vendors.base import DoctorContext
 
 AMD_VENDOR = "1002"
@@ -113,6 +116,49 @@ def _switch_links(host: Host, amd: list[PciGpu]) -> list[Finding]:
     return out
 
 
+def _partitions(host: Host, amd: list[PciGpu]) -> list[Finding]:
+    """Every partition of a partitioned GPU needs its KFD node: discovery ties partitions
+    to their GPU through it (vendors/amd/kfd.py), and ROCm cannot use one without it."""
+    topo: dict[int, kfd.KfdNode] | None = None
+    out = []
+    for g in amd:
+        base = f"/sys/bus/pci/devices/{g.address}"
+        compute = (host.read(f"{base}/current_compute_partition") or "").lower()
+        if g.driver != "amdgpu" or compute in ("", "spx"):
+            continue
+        if topo is None:
+            topo = kfd.read_topology(str(host.path("/sys/class/kfd/kfd")))
+        renders = sorted(p.name for p in host.path(f"{base}/drm").glob("renderD*"))
+        own = topo.get(int(renders[0].removeprefix("renderD"))) if renders else None
+        if own is None:
+            out.append(
+                Finding(
+                    Status.WARN,
+                    "amd-partitions",
+                    f"{g.label}: in {compute} mode, but no KFD topology node has its render "
+                    "device: its partitions cannot be tied to it, so none is published",
+                    "check that amdgpu has ROCm compute (/sys/class/kfd) and that the host's "
+                    "/sys is mounted; dmesg says why amdgpu did not register the GPU with KFD",
+                )
+            )
+            continue
+        found = [0, *kfd.indices(kfd.gpu_nodes(topo.values(), g.address, own))]
+        expected = amd_ids.partition_count(g.device, compute)
+        absent = kfd.missing(found, expected)
+        if expected is not None and absent:
+            what, _, fix = kfd.describe_missing(compute, expected, absent).partition(". ")
+            out.append(Finding(Status.WARN, "amd-partitions", f"{g.label}: {what}", fix))
+        else:
+            out.append(
+                Finding(
+                    Status.PASS,
+                    "amd-partitions",
+                    f"{g.label}: {len(found)} {compute} partitions, each with its KFD node",
+                )
+            )
+    return out
+
+
 def check_amd(ctx: DoctorContext) -> list[Finding]:
     host, loaded, talos = ctx.host, ctx.loaded, ctx.talos
     amd = [g for g in ctx.gpus if g.vendor == AMD_VENDOR]
@@ -121,4 +167,4 @@ def check_amd(ctx: DoctorContext) -> list[Finding]:
     out = [*_module(host, loaded, talos), _firmware(host, amd, loaded, talos)]
     if ctx.enabled and any(g.driver == "amdgpu" for g in amd):
         out.append(_kfd(host))
-    return out + _switch_links(host, amd)
+    return out + _partitions(host, amd) + _switch_links(host, amd)

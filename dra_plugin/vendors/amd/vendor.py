@@ -3,6 +3,7 @@ through udev and the KFD topology, RAS counters watched for health."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 from dra_plugin.devices import Device
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
+from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
 from dra_plugin.options import Option, Raw, number
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
@@ -32,6 +34,9 @@ from dra_plugin.vendors.base import (
     parse_shares,
     sharing_options,
 )
+
+log = logging.getLogger(__name__)
+_told: dict[str, str] = {}  # PCI address -> the problem last logged (once per change)
 
 OPTIONS = (
     driver_name_option(AMD, "AMD", "gpu.amd.com"),
@@ -81,19 +86,32 @@ class AmdVendor(Vendor[AmdSettings]):
 
     def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:
         snap = scan()
-        table: list[tuple[amd_ids.IdsTable, dict[int, devices.KfdNode]]] = []
+        table: list[tuple[amd_ids.IdsTable, devices.Topology]] = []
+        partial: list[Unpublished] = []
+
+        def context() -> tuple[amd_ids.IdsTable, devices.Topology]:
+            if not table:  # read once per pass, and only when there is an AMD GPU
+                table.append((amd_ids.load_ids([host_root]), devices.Topology.read(snap)))
+            return table[0]
+
+        def skip(gpu: PciGpu, minors: Minors) -> str | None:
+            return devices.skip_reason(gpu, minors) or devices.plan(gpu, minors, context()[1]).skip
 
         def build(gpu: PciGpu, minors: Minors) -> list[Device]:
-            if not table:  # read once per pass, and only when there is an AMD GPU
-                table.append(
-                    (amd_ids.load_ids([host_root]), devices.kfd_topology(snap.kfd_sys_path))
-                )
-            ids, kfd = table[0]
-            return devices.amd_devices(gpu, minors, snap, settings.driver_name, ids, kfd)
+            ids, topo = context()
+            missing = devices.plan(gpu, minors, topo).partial
+            if missing is not None:
+                partial.append(Unpublished.of(gpu, missing))
+            return devices.amd_devices(gpu, minors, settings.driver_name, ids, topo)
 
-        found, skipped = drm.partition(snap, PCI_VENDOR_ID, devices.skip_reason, build)
+        found, skipped = drm.partition(snap, PCI_VENDOR_ID, skip, build)
+        for gpu in (*partial, *skipped):
+            if _told.get(gpu.pci_address) != gpu.reason and gpu.driver == devices.KERNEL_DRIVER:
+                log.warning("amd gpu pci=%s: %s", gpu.pci_address, gpu.reason)
+        _told.clear()
+        _told.update({g.pci_address: g.reason for g in (*partial, *skipped)})
         notes = () if found else ("amd: no AMD GPU bound to amdgpu found under /sys/class/drm",)
-        return Discovered(found, notes, skipped)
+        return Discovered(found, notes, (*skipped, *partial))
 
     def monitors(self, settings: AmdSettings, hooks: MonitorHooks) -> list[Monitor]:
         def gpus() -> set[str]:
