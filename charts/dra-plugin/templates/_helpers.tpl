@@ -152,6 +152,10 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.intel.sharing.mode | quote }}
 - name: INTEL_SHARES
   value: {{ .Values.intel.sharing.shares | quote }}
+- name: INTEL_HANG_THRESHOLD
+  value: {{ .Values.intel.hangThreshold | quote }}
+- name: INTEL_HANG_WINDOW_SECONDS
+  value: {{ .Values.intel.hangWindowSeconds | quote }}
 {{- end }}
 {{- if .Values.nvidia.enabled }}
 - name: NVIDIA_DRIVER_NAME

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
-from dra_plugin.options import Option, Raw
+from dra_plugin.options import Option, Raw, number
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.base import (
-    BasicSettings,
     Discovered,
     DoctorContext,
     DrmScan,
     Monitor,
+    MonitorHooks,
     TelemetryReader,
     Vendor,
     driver_name_option,
+    parse_driver_name,
+    parse_shares,
     sharing_options,
 )
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
+from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
 from dra_plugin.vendors.intel.ids import INTEL, PCI_VENDOR_ID
 from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
 
@@ -33,10 +38,35 @@ OPTIONS = (
         "several claims share one (consumable capacity, Kubernetes 1.34+ with "
         "DRAConsumableCapacity)",
     ),
+    Option(
+        "--intel-hang-threshold",
+        "INTEL_HANG_THRESHOLD",
+        "GPU hangs (full GPU resets) within the hang window that mark an Intel GPU "
+        "unhealthy (0: only count them)",
+        str(HangRule.threshold),
+    ),
+    Option(
+        "--intel-hang-window-seconds",
+        "INTEL_HANG_WINDOW_SECONDS",
+        "the window INTEL_HANG_THRESHOLD counts hangs in",
+        f"{HangRule.window:g}",
+    ),
 )
 
 
-class IntelVendor(Vendor[BasicSettings]):
+@dataclass(frozen=True)
+class IntelSettings:
+    driver_name: str = "gpu.intel.com"
+    sharing_mode: str = EXCLUSIVE
+    shares: int = DEFAULT_SHARES
+    hang_rule: HangRule = field(default_factory=HangRule)
+
+    @property
+    def sharing(self) -> Sharing | None:
+        return Sharing(self.shares) if self.sharing_mode == SHARED else None
+
+
+class IntelVendor(Vendor[IntelSettings]):
     name = INTEL
     title = "Intel"
     pci_vendor_id = PCI_VENDOR_ID
@@ -46,10 +76,16 @@ class IntelVendor(Vendor[BasicSettings]):
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
 
-    def configure(self, raw: Raw) -> BasicSettings:
-        return BasicSettings.parse(INTEL, raw)
+    def configure(self, raw: Raw) -> IntelSettings:
+        mode, shares = parse_shares(INTEL, raw)
+        threshold = int(number("INTEL_HANG_THRESHOLD", raw["intel_hang_threshold"], int, 0))
+        window = float(
+            number("INTEL_HANG_WINDOW_SECONDS", raw["intel_hang_window_seconds"], float, 1)
+        )
+        rule = HangRule(threshold, window)
+        return IntelSettings(parse_driver_name(INTEL, raw), mode, shares, rule)
 
-    def discover(self, settings: BasicSettings, scan: DrmScan, host_root: Path) -> Discovered:
+    def discover(self, settings: IntelSettings, scan: DrmScan, host_root: Path) -> Discovered:
         found, skipped = drm.partition(
             scan(),
             PCI_VENDOR_ID,
@@ -61,10 +97,18 @@ class IntelVendor(Vendor[BasicSettings]):
         )
         return Discovered(found, notes, skipped)
 
-    def telemetry(
-        self, settings: BasicSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
-        return IntelSysfsReader()
+    def monitors(self, settings: IntelSettings, hooks: MonitorHooks) -> list[Monitor]:
+        return [
+            IntelHealthMonitor(
+                settings.hang_rule, hooks.published, hooks.report_health, hooks.drm_events
+            )
+        ]
 
-    def doctor(self, settings: BasicSettings, ctx: DoctorContext) -> list[Finding]:
+    def telemetry(
+        self, settings: IntelSettings, monitors: Sequence[Monitor]
+    ) -> TelemetryReader | None:
+        health = next((m for m in monitors if isinstance(m, IntelHealthMonitor)), None)
+        return IntelSysfsReader(reset_counts=health.counts if health else None)
+
+    def doctor(self, settings: IntelSettings, ctx: DoctorContext) -> list[Finding]:
         return check_intel(ctx, PCI_VENDOR_ID.removeprefix("0x"))
