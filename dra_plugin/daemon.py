@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin import inventory
@@ -212,8 +213,10 @@ async def run(cfg: Config) -> int:
 
     enabled = [registry.get(v) for v in cfg.vendors]
     monitors: list[Monitor] = []
+    drm_monitor = None
     if any(v.drm_hotplug for v in enabled):  # one uevent listener for every DRM vendor
-        monitors.append(hotplug.DrmMonitor(rescan))
+        drm_monitor = hotplug.DrmMonitor(rescan)
+        monitors.append(drm_monitor)
     by_vendor: dict[str, list[Monitor]] = {}
     for vendor in enabled:
         driver = cfg.settings(vendor.name).driver_name
@@ -226,6 +229,8 @@ async def run(cfg: Config) -> int:
             report_health=report,
             published=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
         )
+        if drm_monitor is not None:
+            hooks = replace(hooks, drm_events=drm_monitor.subscribe)
         by_vendor[vendor.name] = vendor.monitors(cfg.settings(vendor.name), hooks)
         monitors += by_vendor[vendor.name]
     for m in monitors:

@@ -1,4 +1,5 @@
-"""Hotplug: one debounced callback per burst of GPU uevents (DRM minors, PCI functions).
+"""Hotplug: one debounced callback per burst of GPU uevents (DRM minors, PCI functions),
+and every DRM card uevent handed at once to the subscribers (the vendors' health watchers).
 
 The sockets and the event filter are udev.py's; this module owns the thread, the
 select() loop and the debounce.
@@ -11,6 +12,7 @@ import os
 import select
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +21,8 @@ from dra_plugin.host import udev
 log = logging.getLogger(__name__)
 
 UDEV_CONTROL = "/run/udev/control"  # exists where udevd runs
+DrmSubscriber = Callable[[udev.DrmEvent], object]
+_SEEN = 256  # SEQNUMs remembered to drop udevd's copy of a kernel event
 
 
 class DrmMonitor:
@@ -51,6 +55,12 @@ class DrmMonitor:
         self._monitors: tuple[Any, ...] = ()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
+        self._subscribers: list[DrmSubscriber] = []
+        self._seen: deque[int] = deque(maxlen=_SEEN)
+
+    def subscribe(self, callback: DrmSubscriber) -> None:
+        """Call `callback(event)` (in the monitor thread) for every DRM card uevent."""
+        self._subscribers.append(callback)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -104,7 +114,9 @@ class DrmMonitor:
             if readable:
                 # Drain every ready socket (no short-circuit): an undrained one stays
                 # readable and would spin the loop.
-                drained = [udev.drain(by_fd[fd]) for fd in readable]
+                cards: list[udev.DrmEvent] = []
+                drained = [udev.drain(by_fd[fd], cards) for fd in readable]
+                self._deliver(cards)
                 if any(drained):
                     now = time.monotonic()
                     first = now if first is None else first
@@ -115,3 +127,15 @@ class DrmMonitor:
                 self._on_change()
             except Exception:  # the daemon's handler must not kill event delivery
                 log.exception("device change handler failed")
+
+    def _deliver(self, events: list[udev.DrmEvent]) -> None:
+        for event in events:
+            if event.seqnum:
+                if event.seqnum in self._seen:
+                    continue  # udevd's copy of a kernel event already delivered
+                self._seen.append(event.seqnum)
+            for callback in self._subscribers:
+                try:
+                    callback(event)
+                except Exception:  # one watcher must not stop the others or hotplug
+                    log.exception("drm event subscriber failed path=%s", event.sys_path)

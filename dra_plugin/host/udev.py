@@ -247,6 +247,35 @@ def by_path_nodes(pci_address: str, minors: Minors) -> list[DeviceNode]:
 # --- uevents -------------------------------------------------------------------------
 
 _ACTIONS = frozenset({"add", "remove", "bind", "unbind", "change"})
+# Properties of the kernel's GPU status uevents on a DRM card (change events): i915's
+# ERROR=1/RESET=1/ERROR=0 around a full GPU reset (include/uapi/drm/i915_drm.h), DRM's
+# WEDGED=<recovery> (drm_dev_wedged_event). They report the GPU's state, not a change in
+# what discovery reads, so they go to the vendors' health watchers, not to a rescan.
+STATUS_PROPERTIES = ("ERROR", "RESET", "WEDGED")
+
+
+@dataclass(frozen=True)
+class DrmEvent:
+    """A uevent of a DRM card (primary minor), as a vendor's health watcher reads it."""
+
+    action: str  # add, remove, change, ...
+    sys_path: str  # /sys/devices/pci0000:00/0000:00:02.0/drm/card0
+    properties: Mapping[str, str]
+    seqnum: int = 0  # the kernel's SEQNUM: udevd's copy of an event carries the same one
+
+    @property
+    def card(self) -> str:
+        return os.path.basename(self.sys_path)
+
+    @property
+    def pci_address(self) -> str | None:
+        """The PCI function the card belongs to (the path component above drm/)."""
+        parent, _, _ = self.sys_path.rpartition("/drm/")
+        address = os.path.basename(parent)
+        return address if parent and _PCI_ADDRESS.match(address) else None
+
+
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
 
 
 def _relevant(device: pyudev.Device) -> bool:
@@ -254,8 +283,11 @@ def _relevant(device: pyudev.Device) -> bool:
     if device.action not in _ACTIONS:
         return False
     if device.subsystem == "drm":
-        if device.properties.get("HOTPLUG") == "1":
+        props = device.properties
+        if props.get("HOTPLUG") == "1":
             return False  # a display was (un)plugged: the GPU itself did not change
+        if device.action == "change" and any(k in props for k in STATUS_PROPERTIES):
+            return False  # a hang, reset or wedge: for the health watchers
         return bool(_CARD.match(device.sys_name) or _RENDER.match(device.sys_name))
     # pci: the event carries PCI_CLASS even for "remove", when sysfs is already gone.
     pci_class = device.properties.get("PCI_CLASS")
@@ -282,8 +314,9 @@ def listen(
     return monitors, failures
 
 
-def drain(monitor: pyudev.Monitor) -> bool:
-    """Read every queued event; True when any of them matters."""
+def drain(monitor: pyudev.Monitor, cards: list[DrmEvent] | None = None) -> bool:
+    """Read every queued event; True when any of them matters to discovery. Events of
+    DRM cards are appended to `cards` (when given) whatever their relevance."""
     relevant = False
     while True:
         try:
@@ -293,6 +326,17 @@ def drain(monitor: pyudev.Monitor) -> bool:
             return relevant
         if device is None:
             return relevant
+        if cards is not None and device.subsystem == "drm" and _CARD.match(device.sys_name):
+            cards.append(_drm_event(device))
         if _relevant(device):
             log.debug("udev event action=%s path=%s", device.action, device.sys_path)
             relevant = True
+
+
+def _drm_event(device: pyudev.Device) -> DrmEvent:
+    props = {str(k): str(v) for k, v in device.properties.items()}
+    try:
+        seqnum = int(props.get("SEQNUM", "0"))
+    except ValueError:
+        seqnum = 0
+    return DrmEvent(str(device.action), str(device.sys_path), props, seqnum)

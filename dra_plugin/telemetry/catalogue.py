@@ -73,6 +73,12 @@ XID_ERRORS = Series(
     "XID errors the health monitor saw since the plugin started, ignored ones included",
     ("xid",),
 )
+RESETS = Series(
+    "resets_total",
+    "counter",
+    "GPU hangs, resets and wedges the kernel announced (DRM uevents) since the plugin started",
+    ("kind",),
+)
 THROTTLE = Series(
     "clock_throttle_active",
     "gauge",
@@ -95,7 +101,7 @@ CATALOGUE: tuple[Series, ...] = (
     UP, INFO, CLAIM_INFO, UTILIZATION, MEMORY_UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
     TEMPERATURE, POWER, POWER_LIMIT, ENERGY, SM_CLOCK, MEMORY_CLOCK, GT_FREQUENCY,
     GT_REQUESTED_FREQUENCY, RC6_RESIDENCY, PCIE_GEN, PCIE_MAX_GEN, PCIE_WIDTH,
-    PCIE_MAX_WIDTH, ECC_ERRORS, XID_ERRORS, THROTTLE,
+    PCIE_MAX_WIDTH, ECC_ERRORS, XID_ERRORS, RESETS, THROTTLE,
 )  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from dra_plugin.devices import Device, Health, valid_driver_name
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.hostview import Host, PciGpu
-from dra_plugin.host.udev import UdevScan
+from dra_plugin.host.udev import DrmEvent, UdevScan
 from dra_plugin.options import ConfigError, Option, Raw, attr_name, number
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
@@ -63,6 +63,13 @@ class Monitor(Protocol):
     def stop(self) -> None: ...
 
 
+DrmEventHandler = Callable[[DrmEvent], object]
+
+
+def _no_drm_events(handler: DrmEventHandler) -> None:
+    """No DRM uevent listener runs (no vendor asked for drm_hotplug)."""
+
+
 @dataclass(frozen=True)
 class MonitorHooks:
     """What a vendor's monitors may do to the daemon. Every callable is thread-safe."""
@@ -70,6 +77,9 @@ class MonitorHooks:
     rescan: Callable[[], None]  # discover again soon
     report_health: Callable[[str, Health, str], None]  # device name, health, reason
     published: Callable[[], tuple[Device, ...]]  # this vendor's published devices now
+    # Subscribe to every DRM card uevent (GPU hang/reset/wedge notices, (re)binds) from
+    # the core's one udev listener; the handler runs in the listener's thread.
+    drm_events: Callable[[DrmEventHandler], None] = _no_drm_events
 
 
 class ReadError(Exception):

@@ -78,6 +78,10 @@ def test_the_plugin_accepts_the_chart_environment(
         assert cfg.settings("nvidia").cdi_strategy == values["nvidia"]["cdiStrategy"]
     if "amd" in enabled:
         assert cfg.settings("amd").ras_poll_seconds == values["amd"]["rasPollSeconds"]
+    if "intel" in enabled:
+        rule = cfg.settings("intel").hang_rule
+        assert rule.threshold == values["intel"]["hangThreshold"]
+        assert rule.window == values["intel"]["hangWindowSeconds"]
     for vendor in enabled:
         want = values[vendor]["sharing"]
         got = cfg.sharing(vendor)

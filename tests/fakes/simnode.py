@@ -695,25 +695,36 @@ class SimNode:
         return result
 
     def start_monitor(
-        self, debounce_seconds: float = 0.2, udev_control: str | None = None
+        self,
+        debounce_seconds: float = 0.2,
+        udev_control: str | None = None,
+        *,
+        events: bool = False,
     ) -> MonitorChild:
-        """A child running DrmMonitor; it prints one JSON line per on_change call.
+        """A child running DrmMonitor; it prints one JSON line per on_change call, or with
+        `events` one per DRM card event its subscribers get (and nothing on_change).
 
         `udev_control`: the file whose presence says udevd runs (default: the real one).
         """
-        return MonitorChild(self, debounce_seconds, udev_control)
+        return MonitorChild(self, debounce_seconds, udev_control, events=events)
 
 
 class MonitorChild:
     """The `monitor` child: waits until the monitor is listening, collects callbacks."""
 
     def __init__(
-        self, node: SimNode, debounce_seconds: float, udev_control: str | None = None
+        self,
+        node: SimNode,
+        debounce_seconds: float,
+        udev_control: str | None = None,
+        *,
+        events: bool = False,
     ) -> None:
         before = node.listeners()
         control = [udev_control] if udev_control is not None else []
+        mode = "events" if events else "monitor"
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.simnode", "monitor", str(debounce_seconds),
+            [sys.executable, "-m", "tests.fakes.simnode", mode, str(debounce_seconds),
              *control],
             env=node.env(), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
@@ -880,26 +891,40 @@ def main(argv: Iterable[str]) -> int:
     if args[:1] == ["vfio"]:  # vfio DRIVER...: host/vfio.py facts of the bound GPUs
         print(json.dumps(vfio_json(args[1:])))
         return 0
-    if args[:1] == ["monitor"]:
+    if args[:1] in (["monitor"], ["events"]):
         count = itertools.count(1)
         lock = threading.Lock()
+        events = args[0] == "events"
 
         def on_change() -> None:
+            if events:
+                return
             found = drm_discover("gpu.intel.com", "gpu.amd.com").devices
             names = [d.name for d in found]
             with lock:
                 print(json.dumps({"n": next(count), "devices": names}), flush=True)
 
+        def on_event(event: Any) -> None:
+            status = {
+                k: v for k, v in event.properties.items() if k in ("ERROR", "RESET", "WEDGED")
+            }
+            line = {"action": event.action, "card": event.card, "pci": event.pci_address,
+                    "status": status, "seqnum": event.seqnum}  # fmt: skip
+            with lock:
+                print(json.dumps(line), flush=True)
+
         control = {"udev_control": args[2]} if len(args) > 2 else {}
         monitor = hotplug.DrmMonitor(on_change, debounce_seconds=float(args[1]), **control)
+        if events:
+            monitor.subscribe(on_event)
         monitor.start()
         print("ready", flush=True)
         sys.stdin.read()  # until the parent closes our stdin
         monitor.stop()
         return 0
     print(
-        f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor DEBOUNCE [UDEV_CONTROL]"
-        " | vfio DRIVER...",
+        f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor|events DEBOUNCE "
+        "[UDEV_CONTROL] | vfio DRIVER...",
         file=sys.stderr,
     )
     return 2

@@ -210,13 +210,17 @@ def test_every_series_with_labels_units_and_values(cluster: Cluster) -> None:
     assert v("dra_plugin_gpu_memory_used_bytes", **pf) == 4 * GiB
     assert v("dra_plugin_gpu_power_limit_watts", **pf) == 150
     assert PF.name not in s.devices("dra_plugin_gpu_temperature_celsius")
-    # A VF exposes none of it: up and identified, nothing else.
+    # A VF exposes none of it: up and identified, nothing else from sysfs. Its own i915
+    # instance still announces hangs (uevents on its card), counted from 0.
     assert v("dra_plugin_gpu_up", device=VF.name) == 1
     vf_series = {n for (n, ls), _ in s.samples.items() if ("device", VF.name) in ls}
     assert {n for n in vf_series if n.startswith("dra_plugin_gpu_")} == {
         "dra_plugin_gpu_up",
         "dra_plugin_gpu_info",
+        "dra_plugin_gpu_resets_total",
     }
+    assert v("dra_plugin_gpu_resets_total", device=VF.name, kind="hang") == 0
+    assert v("dra_plugin_gpu_resets_total", device=DGPU.name, kind="hang") is None  # xe: none
     assert daemon.terminate() == 0
 
 

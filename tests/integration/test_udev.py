@@ -308,6 +308,8 @@ def test_irrelevant_events_are_ignored() -> None:
         card1 = f"{CARDS['dgpu'].syspath}/drm/card1"
         node.uevent(card1, "change", {"SUBSYSTEM": "drm", "HOTPLUG": "1"})  # monitor plugged
         node.uevent(card1, "online", {"SUBSYSTEM": "drm"})
+        for status in ({"ERROR": "1"}, {"RESET": "1"}, {"ERROR": "0"}, {"WEDGED": "rebind"}):
+            node.uevent(card1, "change", {"SUBSYSTEM": "drm", **status})  # for health, not us
         node.uevent("/sys/devices/virtual/input/input3", "add", {"SUBSYSTEM": "input"})
         assert monitor.changes_within(1.0) == []
         node.set_pci_attribute("0000:03:00.0", "current_link_speed", "2.5 GT/s PCIe")
@@ -356,3 +358,28 @@ def test_with_udevd_both_sources_one_debounce(tmp_path: Path) -> None:
                 change = monitor.next_change(timeout=10)
                 assert change is not None and len(change["devices"]) == 2
                 assert monitor.changes_within(0.5) == []
+
+
+@needs_umockdev
+def test_subscribers_get_each_card_event_once_from_both_sources(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.touch()
+    card0 = f"{CARDS['igpu'].syspath}/drm/card0"
+    with (
+        SimNode("igpu") as node,
+        node.start_monitor(udev_control=str(control), events=True) as monitor,
+    ):
+        assert node.uevent(card0, "change", {"SUBSYSTEM": "drm", "ERROR": "1"}) == 2
+        node.uevent(f"{card0}/card0-DP-1", "change", {"SUBSYSTEM": "drm"})  # a connector
+        node.uevent(f"{CARDS['igpu'].syspath}/drm/renderD128", "change", {"SUBSYSTEM": "drm"})
+        node.uevent(card0, "change", {"SUBSYSTEM": "drm", "WEDGED": "rebind,bus-reset"})
+        node.unbind(CARDS["igpu"].pci_address)
+        got = monitor.changes_within(1.5)
+    for line in got:
+        assert line.pop("seqnum") > 0
+    assert got == [
+        {"action": "change", "card": "card0", "pci": "0000:00:02.0", "status": {"ERROR": "1"}},
+        {"action": "change", "card": "card0", "pci": "0000:00:02.0",
+         "status": {"WEDGED": "rebind,bus-reset"}},
+        {"action": "remove", "card": "card0", "pci": "0000:00:02.0", "status": {}},
+    ]  # fmt: skip

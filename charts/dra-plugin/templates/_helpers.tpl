@@ -154,6 +154,10 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.intel.sharing.shares | quote }}
 - name: INTEL_VFIO
   value: {{ .Values.intel.vfio.enabled | quote }}
+- name: INTEL_HANG_THRESHOLD
+  value: {{ .Values.intel.hangThreshold | quote }}
+- name: INTEL_HANG_WINDOW_SECONDS
+  value: {{ .Values.intel.hangWindowSeconds | quote }}
 {{- end }}
 {{- if .Values.nvidia.enabled }}
 - name: NVIDIA_DRIVER_NAME

@@ -22,12 +22,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from dra_plugin.devices import Device
 from dra_plugin.host.hwmon import DeviceGone, SysfsGpuReader, listdir, pcie_link, read_int
 from dra_plugin.telemetry import catalogue as t
+from dra_plugin.vendors.intel.health import KINDS, KINDS_BY_DRIVER
 
 __all__ = ["DeviceGone", "IntelSysfsReader"]
+
+ResetCounts = Callable[[], Mapping[tuple[str, str], int]]
 
 _MHZ = 1e6
 _GT_DIR = re.compile(r"^gt(\d+)$")
@@ -84,9 +89,23 @@ def _xe_gts(pci: str) -> list[t.Reading]:
 
 
 class IntelSysfsReader(SysfsGpuReader):
-    """Reads one Intel device's values (hwmon state kept for energy -> power)."""
+    """Reads one Intel device's values (hwmon state kept for energy -> power), plus the
+    hang/reset/wedge counts of the health monitor (so /metrics shows why a GPU is
+    unhealthy)."""
+
+    def __init__(
+        self, sysfs_root: Path = Path("/sys"), reset_counts: ResetCounts | None = None
+    ) -> None:
+        super().__init__(sysfs_root)
+        self._reset_counts = reset_counts
 
     def read(self, device: Device, now: float) -> list[t.Reading]:
+        readings = self._read(device, now)
+        if self._reset_counts is not None:
+            readings += _resets(device, self._reset_counts())
+        return readings
+
+    def _read(self, device: Device, now: float) -> list[t.Reading]:
         """All values of `device`; raises DeviceGone when its PCI directory vanished."""
         pci = self._pci_dir(device)
         out: list[t.Reading] = []
@@ -108,3 +127,15 @@ class IntelSysfsReader(SysfsGpuReader):
         node = device.extra_value("card")  # /dev/dri/cardN
         name = os.path.basename(node) if node else ""
         return f"{self._root}/class/drm/{name}" if re.fullmatch(r"card\d+", name) else None
+
+
+def _resets(device: Device, counts: Mapping[tuple[str, str], int]) -> list[t.Reading]:
+    """Every kind the device's kernel driver announces (0 until one comes), and any kind
+    counted anyway."""
+    driver = str(device.attrs.get("driver", ""))
+    shown = KINDS_BY_DRIVER.get(driver, ())
+    return [
+        t.Reading(t.RESETS, float(n), (kind,))
+        for kind in KINDS
+        if (n := counts.get((device.name, kind), 0)) or kind in shown
+    ]

@@ -1,28 +1,33 @@
 """Intel GPUs (i915, xe) as one vendor of the registry: DRM devices found through udev,
-and with INTEL_VFIO GPUs bound to vfio-pci/xe-vfio-pci for VM passthrough."""
+GPU hangs from the kernel's DRM uevents, and with INTEL_VFIO GPUs bound to
+vfio-pci/xe-vfio-pci for VM passthrough."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
-from dra_plugin.options import Option, Raw
+from dra_plugin.options import Option, Raw, number
+from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.base import (
-    BasicSettings,
     Discovered,
     DoctorContext,
     DrmScan,
     Monitor,
+    MonitorHooks,
     TelemetryReader,
     Vendor,
     driver_name_option,
+    parse_driver_name,
+    parse_shares,
     sharing_options,
 )
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
+from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
 from dra_plugin.vendors.intel.ids import INTEL, PCI_VENDOR_ID
 from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
 
@@ -43,17 +48,33 @@ OPTIONS = (
         "false",
         ("true", "false"),
     ),
+    Option(
+        "--intel-hang-threshold",
+        "INTEL_HANG_THRESHOLD",
+        "GPU hangs (full GPU resets) within the hang window that mark an Intel GPU "
+        "unhealthy (0: only count them)",
+        str(HangRule.threshold),
+    ),
+    Option(
+        "--intel-hang-window-seconds",
+        "INTEL_HANG_WINDOW_SECONDS",
+        "the window INTEL_HANG_THRESHOLD counts hangs in",
+        f"{HangRule.window:g}",
+    ),
 )
 
 
 @dataclass(frozen=True)
-class IntelSettings(BasicSettings):
+class IntelSettings:
+    driver_name: str = "gpu.intel.com"
+    sharing_mode: str = EXCLUSIVE
+    shares: int = DEFAULT_SHARES
     vfio: bool = False  # publish VFIO-bound GPUs
+    hang_rule: HangRule = field(default_factory=HangRule)
 
-    @classmethod
-    def parse_intel(cls, raw: Raw) -> IntelSettings:
-        basic = BasicSettings.parse(INTEL, raw)
-        return cls(basic.driver_name, basic.sharing_mode, basic.shares, raw["intel_vfio"] == "true")
+    @property
+    def sharing(self) -> Sharing | None:
+        return Sharing(self.shares) if self.sharing_mode == SHARED else None
 
 
 class IntelVendor(Vendor[IntelSettings]):
@@ -68,7 +89,18 @@ class IntelVendor(Vendor[IntelSettings]):
         return OPTIONS
 
     def configure(self, raw: Raw) -> IntelSettings:
-        return IntelSettings.parse_intel(raw)
+        mode, shares = parse_shares(INTEL, raw)
+        threshold = int(number("INTEL_HANG_THRESHOLD", raw["intel_hang_threshold"], int, 0))
+        window = float(
+            number("INTEL_HANG_WINDOW_SECONDS", raw["intel_hang_window_seconds"], float, 1)
+        )
+        return IntelSettings(
+            driver_name=parse_driver_name(INTEL, raw),
+            sharing_mode=mode,
+            shares=shares,
+            vfio=raw["intel_vfio"] == "true",
+            hang_rule=HangRule(threshold, window),
+        )
 
     def passthrough_drivers(self, settings: IntelSettings) -> tuple[str, ...]:
         return devices.PASSTHROUGH_DRIVERS if settings.vfio else ()
@@ -84,10 +116,18 @@ class IntelVendor(Vendor[IntelSettings]):
         notes = () if found else (f"intel: no Intel GPU bound to {bound} found",)
         return Discovered(found, notes, skipped)
 
+    def monitors(self, settings: IntelSettings, hooks: MonitorHooks) -> list[Monitor]:
+        return [
+            IntelHealthMonitor(
+                settings.hang_rule, hooks.published, hooks.report_health, hooks.drm_events
+            )
+        ]
+
     def telemetry(
         self, settings: IntelSettings, monitors: Sequence[Monitor]
     ) -> TelemetryReader | None:
-        return IntelSysfsReader()
+        health = next((m for m in monitors if isinstance(m, IntelHealthMonitor)), None)
+        return IntelSysfsReader(reset_counts=health.counts if health else None)
 
     def doctor(self, settings: IntelSettings, ctx: DoctorContext) -> list[Finding]:
         return check_intel(ctx, PCI_VENDOR_ID.removeprefix("0x"))
