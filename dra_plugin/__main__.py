@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from dra_plugin import cli
-from dra_plugin.config import ConfigError, parse
+from dra_plugin.config import ConfigError, UsageError, parse
 
 _STD_ATTRS = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
 
@@ -45,6 +45,9 @@ def setup_logging(level: str, fmt: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        sys.stderr.write(f"{exc}\n")
+        return 2
     except ConfigError as exc:
         sys.stderr.write(f"dra-plugin: invalid configuration: {exc}\n")
         return 2
