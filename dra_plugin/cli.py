@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
-from dra_plugin.config import Config
+from dra_plugin.config import Config, kubeconfig_problem
 from dra_plugin.devices import PCI_BUS_ID, Device
 
 if TYPE_CHECKING:
@@ -110,13 +110,19 @@ def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     from dra_plugin.doctor import report as doctor
     from dra_plugin.kubeapi import ApiError, KubeAPI
 
-    api: KubeAPI | None
+    # Without a usable client doctor says the API was not checked, and why.
+    api: KubeAPI | None = None
+    unusable = None
+    given = f"{cfg.setting('kubeconfig')}='{cfg.kubeconfig}'"
+    if cfg.kubeconfig and (problem := kubeconfig_problem(cfg.kubeconfig)):
+        unusable = f"{given} {problem}"
+    else:
+        try:
+            api = KubeAPI.from_config(cfg)
+        except ApiError as exc:
+            unusable = f"{given}: {exc}" if cfg.kubeconfig else str(exc)
     try:
-        api = KubeAPI.from_config(cfg)
-    except ApiError:
-        api = None  # doctor says the API was not checked, and why
-    try:
-        report = doctor.run_doctor(cfg, api=api)
+        report = doctor.run_doctor(cfg, api=api, api_unusable=unusable)
     finally:
         if api is not None:
             asyncio.run(api.close())

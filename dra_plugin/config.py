@@ -302,3 +302,33 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
                         "directory paths or the driver name"
                     )
     return cfg
+
+
+def kubeconfig_problem(path: str) -> str | None:
+    """Why the kubeconfig at `path` (KUBECONFIG may list several; the first is read) is
+    unusable, as the end of a sentence, or None. The client library answers a malformed
+    file with a traceback from deep inside; this says it in one line."""
+    import yaml  # only `run` and `doctor` read a kubeconfig
+
+    first = Path(path.split(os.pathsep)[0])
+    if first.is_dir():
+        return "is a directory, not a kubeconfig file"
+    try:
+        text = first.read_text()
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    except UnicodeDecodeError:
+        return "is not a kubeconfig: not UTF-8 text"
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        why = getattr(exc, "problem", None) or type(exc).__name__
+        return f"is not valid YAML: {why}{where}"
+    if not isinstance(doc, dict):
+        return "is not a kubeconfig: expected a YAML mapping with clusters, users and contexts"
+    for key in ("clusters", "users", "contexts"):
+        if doc.get(key) is not None and not isinstance(doc[key], list):
+            return f"is not a kubeconfig: {key} is not a list"
+    return None
