@@ -118,8 +118,8 @@ COMMANDS = {
     "doctor": "check this node for GPU, driver, CDI and kubelet problems",
 }
 EPILOGS = {
-    "discover": "exit status: 0 GPUs found; 1 none found (json/yaml still print the empty "
-    "list); 2 invalid configuration",
+    "discover": "exit status: 0 GPUs found; 1 none found (json/yaml still print the slices, "
+    "without devices); 2 invalid configuration",
     "doctor": "exit status: 0 all PASS; 1 some WARN; 2 some FAIL or invalid configuration",
 }
 
