@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 
-from dra_plugin.config import Config
+from dra_plugin.config import Config, kubeconfig_problem
 from dra_plugin.devices import PCI_BUS_ID, Device
 
 if TYPE_CHECKING:
@@ -77,16 +77,18 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     inv = inventory.discover(cfg)
     for note in inv.notes:
         err.write(f"note: {note}\n")
+    # One exit status for every format (see config.EPILOGS): 1 when nothing was found.
+    status = 0 if inv.count else 1
+    if status:
+        err.write(
+            "no GPUs found. Likely causes: the GPU kernel driver (i915/xe, nvidia, amdgpu) "
+            "is not loaded, /sys and /run/udev are not visible in this container, or the "
+            "NVIDIA driver root is wrong (NVIDIA_DRIVER_ROOT). Run `dra-plugin doctor`.\n"
+        )
     if cfg.output == "table":
-        if inv.count == 0:
-            err.write(
-                "no GPUs found. Likely causes: the GPU kernel driver (i915/xe, nvidia, amdgpu) "
-                "is not loaded, /sys and /run/udev are not visible in this container, or the "
-                "NVIDIA driver root is wrong (NVIDIA_DRIVER_ROOT). Run `dra-plugin doctor`.\n"
-            )
-            return 1
-        _table(inv, out)
-        return 0
+        if inv.count:
+            _table(inv, out)
+        return status
     objects: list[dict[str, Any]] = []
     vendor_of = {d: v for v, d in cfg.drivers.items()}
     for driver, devs in inv.devices.items():
@@ -103,20 +105,26 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         out.write("\n")
     else:
         yaml.safe_dump(doc, out, sort_keys=False)
-    return 0
+    return status
 
 
 def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     from dra_plugin.doctor import report as doctor
     from dra_plugin.kubeapi import ApiError, KubeAPI
 
-    api: KubeAPI | None
+    # Without a usable client doctor says the API was not checked, and why.
+    api: KubeAPI | None = None
+    unusable = None
+    given = f"{cfg.setting('kubeconfig')}='{cfg.kubeconfig}'"
+    if cfg.kubeconfig and (problem := kubeconfig_problem(cfg.kubeconfig)):
+        unusable = f"{given} {problem}"
+    else:
+        try:
+            api = KubeAPI.from_config(cfg)
+        except ApiError as exc:
+            unusable = f"{given}: {exc}" if cfg.kubeconfig else str(exc)
     try:
-        api = KubeAPI.from_config(cfg)
-    except ApiError:
-        api = None  # doctor says the API was not checked, and why
-    try:
-        report = doctor.run_doctor(cfg, api=api)
+        report = doctor.run_doctor(cfg, api=api, api_unusable=unusable)
     finally:
         if api is not None:
             asyncio.run(api.close())

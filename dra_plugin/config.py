@@ -8,12 +8,13 @@ own flags and parse their own values (vendors/*/); this module collects them.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dra_plugin.devices import is_dns_subdomain
 from dra_plugin.options import (
@@ -23,8 +24,12 @@ from dra_plugin.options import (
     TAINT_EFFECTS,
     ConfigError,
     Option,
+    RawValues,
+    absolute_path,
     attr_name,
+    label,
     number,
+    shown,
     split,
 )
 from dra_plugin.sharing import Sharing
@@ -32,6 +37,9 @@ from dra_plugin.vendors import registry
 from dra_plugin.vendors.base import defaults
 
 __all__ = ["TAINT_EFFECTS", "Config", "ConfigError", "all_options", "parse"]
+
+
+_ENV_NAMES = {attr_name(o): o.env for o in COMMON + RUN}
 
 
 def _default_settings() -> dict[str, Any]:
@@ -62,6 +70,12 @@ class Config:
     taint_effect: str = "NoSchedule"
     device_metadata: bool = False
     output: str = "table"
+    # attr_name -> how the user set it (`--cdi-root` or `CDI_ROOT`), for start-up errors
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def setting(self, attr: str) -> str:
+        """The flag or env name the user set `attr` by (its env twin when unset)."""
+        return self.names.get(attr) or _ENV_NAMES.get(attr, attr.upper())
 
     # --- per vendor ----------------------------------------------------------------
     def settings(self, vendor: str) -> Any:
@@ -103,6 +117,29 @@ COMMANDS = {
     "discover": "print the GPUs found on this node and the ResourceSlices run would publish",
     "doctor": "check this node for GPU, driver, CDI and kubelet problems",
 }
+EPILOGS = {
+    "discover": "exit status: 0 GPUs found; 1 none found (json/yaml still print the slices, "
+    "without devices); 2 invalid configuration",
+    "doctor": "exit status: 0 all PASS; 1 some WARN; 2 some FAIL or invalid configuration",
+}
+
+
+class UsageError(ConfigError):
+    """A command line argparse refuses; the message already ends with the --help hint."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that fails with one line and a hint instead of the whole usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("dra-plugin")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "unknown"
 
 
 def all_options() -> dict[str, str]:
@@ -110,21 +147,29 @@ def all_options() -> dict[str, str]:
     return {o.flag: o.env for o in command_options()}
 
 
+def _metavar(o: Option) -> str | None:
+    return "{" + ",".join(o.choices) + "}" if o.choices else None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dra-plugin",
         description="Kubernetes DRA kubelet plugin for GPUs ("
         + ", ".join(v.title for v in registry.VENDORS)
         + "). Every flag can also be set by the environment variable shown in brackets.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOGS.get(name))
         for o in command_options():
+            if name not in o.commands:
+                continue  # still read from its env twin
+            # Choices are checked by parse (any case for LOG_LEVEL, one-line errors).
             p.add_argument(
                 o.flag,
                 default=None,
-                choices=o.choices,
+                metavar=_metavar(o),
                 help=f"{o.help} [{o.env}, default {o.default!r}]",
             )
         if name in ("discover", "doctor"):
@@ -136,17 +181,27 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     """Parse argv (without the program name) and env into a validated Config."""
     env = os.environ if env is None else env
-    ns = build_parser().parse_args(list(argv))
+    ns, extra = build_parser().parse_known_args(list(argv))
     command: str = ns.command
-    raw: dict[str, str] = {}
+    if extra:  # argparse would blame the top-level parser; the hint belongs to the command
+        prog = f"dra-plugin {command}"
+        raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")
+    values: dict[str, str] = {}
+    names: dict[str, str] = {}
     for o in command_options():
         attr = attr_name(o)
-        value = getattr(ns, attr)
+        value = getattr(ns, attr, None)
+        names[attr] = o.flag if value is not None else o.env
         if value is None:
             value = env.get(o.env, o.default)
-        if o.choices and value not in o.choices:
-            raise ConfigError(f"{o.env}={value!r} is not one of {', '.join(o.choices)}")
-        raw[attr] = value
+        if attr == "log_level":
+            value = value.lower()
+        values[attr] = value
+    raw = RawValues(values, names)
+    for o in command_options():
+        attr = attr_name(o)
+        if o.choices and raw[attr] not in o.choices:
+            raise ConfigError(f"{shown(raw, attr)} is not one of {', '.join(o.choices)}")
 
     node_name = raw["node_name"]
     if not node_name:
@@ -157,14 +212,15 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
             )
         node_name = socket.gethostname().lower()
     if not is_dns_subdomain(node_name):
-        raise ConfigError(f"node name {node_name!r} is not a lowercase DNS subdomain")
+        where = f" ({label(raw, 'node_name')})" if raw["node_name"] else " (the host name)"
+        raise ConfigError(f"node name {node_name!r}{where} is not a lowercase DNS subdomain")
 
     known = registry.names()
     vendors = split(raw["vendors"].lower())
     unknown = [v for v in vendors if v not in known]
     if unknown or not vendors:
         raise ConfigError(
-            f"VENDORS={raw['vendors']!r}: use a comma list of " + ", ".join(f"'{v}'" for v in known)
+            f"{shown(raw, 'vendors')}: use a comma list of " + ", ".join(f"'{v}'" for v in known)
         )
     vendors = tuple(dict.fromkeys(vendors))
     # Every vendor's flags are checked, enabled or not: a typo must not wait for the
@@ -179,16 +235,20 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
 
     pod_uid = raw["pod_uid"]
     if pod_uid and not all(c.isalnum() or c == "-" for c in pod_uid):
-        raise ConfigError(f"POD_UID={pod_uid!r} may only hold letters, digits and '-'")
+        raise ConfigError(f"{shown(raw, 'pod_uid')} may only hold letters, digits and '-'")
 
     max_version = raw["cdi_max_version"]
     parts = max_version.split(".")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"CDI_MAX_VERSION={max_version!r} is not a version like 0.8.0")
+        raise ConfigError(f"{shown(raw, 'cdi_max_version')} is not a version like 0.8.0")
 
-    for key in ("kubelet_registrar_directory_path", "kubelet_plugins_directory_path", "cdi_root"):
-        if not raw[key].startswith("/"):
-            raise ConfigError(f"{key.upper()}={raw[key]!r} must be an absolute path")
+    for key in (
+        "kubelet_registrar_directory_path",
+        "kubelet_plugins_directory_path",
+        "cdi_root",
+        "host_root",
+    ):
+        absolute_path(raw, key)
 
     cfg = Config(
         command=command,
@@ -203,24 +263,35 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         host_root=Path(raw["host_root"]),
         kubeconfig=raw["kubeconfig"],
         metrics_address=raw["metrics_address"],
-        metrics_port=int(number("METRICS_PORT", raw["metrics_port"], int, 0)),
+        metrics_port=int(number(label(raw, "metrics_port"), raw["metrics_port"], int, 0)),
         telemetry_interval_seconds=float(
-            number("TELEMETRY_INTERVAL_SECONDS", raw["telemetry_interval_seconds"], float, 0)
+            number(
+                label(raw, "telemetry_interval_seconds"),
+                raw["telemetry_interval_seconds"],
+                float,
+                0,
+            )
         ),
         log_level=raw["log_level"],
         log_format=raw["log_format"],
         shutdown_grace_seconds=float(
-            number("SHUTDOWN_GRACE_SECONDS", raw["shutdown_grace_seconds"], float, 0)
+            number(label(raw, "shutdown_grace_seconds"), raw["shutdown_grace_seconds"], float, 0)
         ),
         health_check_timeout_seconds=int(
-            number("HEALTH_CHECK_TIMEOUT_SECONDS", raw["health_check_timeout_seconds"], int, 1)
+            number(
+                label(raw, "health_check_timeout_seconds"),
+                raw["health_check_timeout_seconds"],
+                int,
+                1,
+            )
         ),
         taint_effect=raw["taint_effect"],
         device_metadata=raw["device_metadata"] == "true",
         output=getattr(ns, "output", "table"),
+        names=names,
     )
     if cfg.metrics_port > 65535:
-        raise ConfigError(f"METRICS_PORT={cfg.metrics_port} is not a TCP port")
+        raise ConfigError(f"{shown(raw, 'metrics_port')} is not a TCP port")
     if command == "run":
         for driver in cfg.drivers.values():
             for sock in (cfg.dra_socket(driver), cfg.registration_socket(driver)):
@@ -231,3 +302,33 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
                         "directory paths or the driver name"
                     )
     return cfg
+
+
+def kubeconfig_problem(path: str) -> str | None:
+    """Why the kubeconfig at `path` (KUBECONFIG may list several; the first is read) is
+    unusable, as the end of a sentence, or None. The client library answers a malformed
+    file with a traceback from deep inside; this says it in one line."""
+    import yaml  # only `run` and `doctor` read a kubeconfig
+
+    first = Path(path.split(os.pathsep)[0])
+    if first.is_dir():
+        return "is a directory, not a kubeconfig file"
+    try:
+        text = first.read_text()
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    except UnicodeDecodeError:
+        return "is not a kubeconfig: not UTF-8 text"
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        why = getattr(exc, "problem", None) or type(exc).__name__
+        return f"is not valid YAML: {why}{where}"
+    if not isinstance(doc, dict):
+        return "is not a kubeconfig: expected a YAML mapping with clusters, users and contexts"
+    for key in ("clusters", "users", "contexts"):
+        if doc.get(key) is not None and not isinstance(doc[key], list):
+            return f"is not a kubeconfig: {key} is not a list"
+    return None

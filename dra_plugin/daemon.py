@@ -1,6 +1,8 @@
 """The main flow of `dra-plugin run`, top to bottom. Read this file first.
 
-1. Directories; 2. discover devices; 3. checkpoint recovery and CDI garbage collection;
+1. Bind what can fail on bad settings before the kubelet can see us: directories, the API
+client, the metrics listener (on failure: one line naming the setting, exit 2, whatever
+we created removed); 2. discover devices; 3. checkpoint recovery and CDI garbage collection;
 4. per driver: DRA socket, then registration socket; 5. ResourceSlice publisher, fed by
 hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM: registration
 sockets first, let in-flight calls finish, remove our sockets. ResourceSlices are left in
@@ -21,12 +23,12 @@ from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
 from dra_plugin.host import hotplug, udev
-from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.claims import ClaimPreparer
 from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.slices.publisher import SlicePublisher
+from dra_plugin.startup import StartupError, api_client, listen_metrics, make_dir, remove_created
 from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.claimholders import ClaimHolders
 from dra_plugin.telemetry.sampler import Sampler
@@ -128,11 +130,33 @@ async def run(cfg: Config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     drivers = list(cfg.drivers.values())
+    servers: list[server.DriverServer] = []
 
-    # 1. Directories we own.
-    cfg.cdi_root.mkdir(parents=True, exist_ok=True)
-    for driver in drivers:
-        cfg.plugin_dir(driver).mkdir(parents=True, exist_ok=True)
+    async def healthz() -> str | None:
+        return await sockets_healthy(servers) if servers else "starting: sockets not served yet"
+
+    # 1. What bad settings break, bound before any socket: the kubelet must never see a
+    #    plugin that is about to exit.
+    created: list[Path] = []
+    metrics_server = (
+        metrics.MetricsServer(cfg.metrics_address, cfg.metrics_port, healthz)
+        if cfg.metrics_port
+        else None
+    )
+    try:
+        make_dir(cfg.cdi_root, cfg.setting("cdi_root"), created)
+        make_dir(cfg.registrar_dir, cfg.setting("kubelet_registrar_directory_path"), created)
+        for driver in drivers:
+            make_dir(cfg.plugin_dir(driver), cfg.setting("kubelet_plugins_directory_path"), created)
+        if metrics_server is not None:
+            await listen_metrics(cfg, metrics_server)
+        api = api_client(cfg)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        if metrics_server is not None:
+            await metrics_server.stop()
+        remove_created(created)
+        return 2
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
 
     # 2. Discovery, logged once per vendor.
@@ -143,11 +167,6 @@ async def run(cfg: Config) -> int:
         log.info("not published pci=%s reason=%s", card.pci_address, card.reason)
     log.info("discovered %s", " ".join(f"{d}={len(v)}" for d, v in inv.devices.items()))
 
-    try:
-        api = KubeAPI.from_config(cfg)
-    except ApiError as exc:
-        log.error("cannot configure the API client: %s", exc)
-        return 1
     health = HealthTracker(pool=cfg.node_name)
     sharing = {d: sh for v, d in cfg.drivers.items() if (sh := cfg.sharing(v)) is not None}
     publisher = SlicePublisher(
@@ -190,7 +209,7 @@ async def run(cfg: Config) -> int:
     }
 
     # 4. Sockets: DRA service first, then registration.
-    servers = [
+    servers[:] = [
         server.DriverServer(
             driver=driver,
             dra_socket=cfg.dra_socket(driver),
@@ -201,8 +220,18 @@ async def run(cfg: Config) -> int:
         )
         for driver in drivers
     ]
-    for s in servers:
-        await s.start()
+    started: list[server.DriverServer] = []
+    try:
+        for s in servers:
+            started.append(s)
+            await s.start()
+    except (server.ServerError, OSError) as exc:  # e.g. a non-socket where a socket goes
+        log.error("cannot start: %s", exc)
+        await asyncio.gather(*(s.stop(0) for s in started))
+        if metrics_server is not None:
+            await metrics_server.stop()
+        await api.close()
+        return 2
 
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
@@ -242,8 +271,8 @@ async def run(cfg: Config) -> int:
             # Without hotplug the node is still served; changes show after a restart.
             log.error("hotplug monitor disabled error=%s", exc)
 
-    # 6. Metrics and /healthz; GPU telemetry sampled in the background, served from cache.
-    metrics_server = None
+    # 6. GPU telemetry sampled in the background for /metrics (listening since step 1),
+    #    served from cache.
     sampler: Sampler | None = None
     sampler_task: asyncio.Task[None] | None = None
     if cfg.metrics_port and cfg.telemetry_interval_seconds > 0:
@@ -262,11 +291,6 @@ async def run(cfg: Config) -> int:
         )
         metrics.serve_telemetry(sampler.rendered)
         sampler_task = asyncio.create_task(sampler.run(), name="telemetry")
-    if cfg.metrics_port:
-        metrics_server = metrics.MetricsServer(
-            cfg.metrics_address, cfg.metrics_port, lambda: sockets_healthy(servers)
-        )
-        await metrics_server.start()
 
     log.info("running node=%s drivers=%s", cfg.node_name, ",".join(drivers))
     await stop.wait()

@@ -2,7 +2,8 @@
 
 Every flag has an environment twin. Vendors declare their own options (vendors/*/settings.py)
 with the same record; `config.parse` reads argv and the environment through all of them,
-and the chart consistency test and `--help` read them too.
+and the chart consistency test and `--help` read them too. An option says which commands
+take it as a flag (`commands`); its env twin is read by every command.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from dataclasses import dataclass
 
 SOCKET_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+# Which commands take a flag (`Option.commands`).
+RUN_ONLY = ("run",)
+EVERY = ("run", "discover", "doctor")
+RUN_DISCOVER = ("run", "discover")  # what shapes the ResourceSlices
+RUN_DOCTOR = ("run", "doctor")  # what doctor checks on the node
 
 
 class ConfigError(ValueError):
@@ -26,22 +33,41 @@ class Option:
     help: str
     default: str
     choices: tuple[str, ...] | None = None
+    commands: tuple[str, ...] = RUN_ONLY  # the commands that take it as a flag
 
 
 COMMON = (
-    Option("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", ""),
+    Option("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", "", commands=EVERY),
     Option(
         "--vendors",
         "VENDORS",
         "comma-separated vendors to enable (intel,nvidia,amd)",
         "intel,nvidia",
+        commands=EVERY,
     ),
     Option(
-        "--host-root", "HOST_ROOT", "root of the host filesystem (doctor reads /proc, /etc)", "/"
+        "--host-root",
+        "HOST_ROOT",
+        "root of the host filesystem (doctor reads /proc, /etc)",
+        "/",
+        commands=EVERY,
     ),
-    Option("--kubeconfig", "KUBECONFIG", "kubeconfig file (default: in-cluster config)", ""),
-    Option("--log-level", "LOG_LEVEL", "log level", "info", ("debug", "info", "warning", "error")),
-    Option("--log-format", "LOG_FORMAT", "log format", "text", ("text", "json")),
+    Option(
+        "--kubeconfig",
+        "KUBECONFIG",
+        "kubeconfig file (default: in-cluster config)",
+        "",
+        commands=RUN_DOCTOR,
+    ),
+    Option(
+        "--log-level",
+        "LOG_LEVEL",
+        "log level (any case)",
+        "info",
+        ("debug", "info", "warning", "error"),
+        commands=EVERY,
+    ),
+    Option("--log-format", "LOG_FORMAT", "log format", "text", ("text", "json"), commands=EVERY),
 )
 
 RUN = (
@@ -51,14 +77,22 @@ RUN = (
         "KUBELET_REGISTRAR_DIRECTORY_PATH",
         "kubelet plugin registration directory",
         "/var/lib/kubelet/plugins_registry",
+        commands=RUN_DOCTOR,
     ),
     Option(
         "--kubelet-plugins-directory-path",
         "KUBELET_PLUGINS_DIRECTORY_PATH",
         "kubelet plugins directory (DRA sockets and plugin state)",
         "/var/lib/kubelet/plugins",
+        commands=RUN_DOCTOR,
     ),
-    Option("--cdi-root", "CDI_ROOT", "directory the CDI specs are written to", "/var/cdi/dynamic"),
+    Option(
+        "--cdi-root",
+        "CDI_ROOT",
+        "directory the CDI specs are written to",
+        "/var/cdi/dynamic",
+        commands=RUN_DOCTOR,
+    ),
     Option(
         "--cdi-max-version",
         "CDI_MAX_VERSION",
@@ -91,6 +125,7 @@ RUN = (
         "effect of the taint on unhealthy devices (None disables tainting)",
         "NoSchedule",
         TAINT_EFFECTS,
+        commands=RUN_DISCOVER,
     ),
     Option(
         "--device-metadata",
@@ -127,3 +162,31 @@ def attr_name(option: Option) -> str:
 
 
 Raw = Mapping[str, str]
+
+
+class RawValues(dict[str, str]):
+    """Raw values by attr_name, with the name the user set each one by (`--flag` or `ENV`),
+    so that an error names what was typed."""
+
+    def __init__(self, values: Mapping[str, str], names: Mapping[str, str]) -> None:
+        super().__init__(values)
+        self.names = dict(names)
+
+
+def label(raw: Raw, attr: str) -> str:
+    """How the user named setting `attr`: its flag when given as one, else its env twin."""
+    names: Mapping[str, str] = getattr(raw, "names", {})
+    return names.get(attr, attr.upper())
+
+
+def shown(raw: Raw, attr: str) -> str:
+    """`--flag='value'` or `ENV='value'`, as the user set it, for an error message."""
+    return f"{label(raw, attr)}={raw[attr]!r}"
+
+
+def absolute_path(raw: Raw, attr: str) -> str:
+    """A setting that must be an absolute path (a relative one would follow the cwd)."""
+    value = raw[attr]
+    if not value.startswith("/"):
+        raise ConfigError(f"{shown(raw, attr)} must be an absolute path")
+    return value

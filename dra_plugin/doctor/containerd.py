@@ -33,6 +33,13 @@ def _probe_write(directory: Path) -> str | None:
 
 def check_cdi_dir(cfg: Config, host: Host) -> Finding:
     where = host.path(cfg.cdi_root)
+    if where.exists() and not where.is_dir():
+        return Finding(
+            Status.FAIL,
+            "cdi-dir",
+            f"CDI dir {cfg.cdi_root} is a file, not a directory",
+            f"remove the file, or set {cfg.setting('cdi_root')} to a directory containerd reads",
+        )
     if not where.is_dir():
         return Finding(
             Status.FAIL,
@@ -59,6 +66,17 @@ def check_cdi_dir(cfg: Config, host: Host) -> Finding:
 
 def check_containerd(cfg: Config, host: Host, talos: bool) -> list[Finding]:
     state = containerd.read(host)
+    if not containerd.visible(host, state):
+        return [
+            Finding(
+                Status.WARN,
+                "containerd-cdi",
+                f"NOT CHECKED: no containerd config or state under {host.root} (the host's / "
+                "is not mounted here, or the node runs another runtime)",
+                f"mount the host's / and set {cfg.setting('host_root')} to it, or run doctor "
+                "on the node",
+            )
+        ]
     out = [
         Finding(
             Status.FAIL,

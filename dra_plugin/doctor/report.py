@@ -39,12 +39,21 @@ class DoctorAPI(Protocol):
 
 def _check_kubelet_dirs(cfg: Config, host: Host) -> list[Finding]:
     out = []
-    for label, d, env in (
-        ("registrar", cfg.registrar_dir, "KUBELET_REGISTRAR_DIRECTORY_PATH"),
-        ("plugins", cfg.plugins_dir, "KUBELET_PLUGINS_DIRECTORY_PATH"),
+    for label, d, attr in (
+        ("registrar", cfg.registrar_dir, "kubelet_registrar_directory_path"),
+        ("plugins", cfg.plugins_dir, "kubelet_plugins_directory_path"),
     ):
         if host.path(d).is_dir():
             out.append(Finding(Status.PASS, "kubelet-dirs", f"{label} dir {d} present"))
+        elif host.path(d).exists():
+            out.append(
+                Finding(
+                    Status.FAIL,
+                    "kubelet-dirs",
+                    f"{label} dir {d} is a file, not a directory",
+                    f"remove the file, or set {cfg.setting(attr)} to the kubelet's directory",
+                )
+            )
         else:
             out.append(
                 Finding(
@@ -52,7 +61,7 @@ def _check_kubelet_dirs(cfg: Config, host: Host) -> list[Finding]:
                     "kubelet-dirs",
                     f"{label} dir {d} is missing",
                     f"mount it from the host; if the kubelet uses another --root-dir, "
-                    f"set {env} to match",
+                    f"set {cfg.setting(attr)} to match",
                 )
             )
     return out
@@ -164,8 +173,27 @@ def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
 # --- entry points -----------------------------------------------------------------------
 
 
-def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
-    """Run every check against the host under cfg.host_root (and the API, when given)."""
+def _api_not_checked(cfg: Config, why: str | None) -> Finding:
+    if cfg.kubeconfig:  # given, so it must work
+        return Finding(
+            Status.FAIL,
+            "api",
+            f"API not checked: {why or 'the kubeconfig cannot be used'}",
+            f"fix the file or point {cfg.setting('kubeconfig')} at a working kubeconfig",
+        )
+    return Finding(
+        Status.WARN,
+        "api",
+        f"API not checked: {why or 'no kubeconfig and no in-cluster credentials'}",
+        "run doctor in the plugin's pod or pass --kubeconfig",
+    )
+
+
+def run_doctor(
+    cfg: Config, *, api: DoctorAPI | None = None, api_unusable: str | None = None
+) -> Report:
+    """Run every check against the host under cfg.host_root (and the API, when given;
+    `api_unusable` says why there is none)."""
     host = Host(cfg.host_root)
     talos = host.is_talos()
     loaded = host.modules()
@@ -206,14 +234,7 @@ def run_doctor(cfg: Config, *, api: DoctorAPI | None = None) -> Report:
         *_check_kubelet_dirs(cfg, host),
     ]
     if api is None:
-        findings.append(
-            Finding(
-                Status.WARN,
-                "api",
-                "API not checked: no kubeconfig/in-cluster config",
-                "run doctor in the plugin's pod or pass --kubeconfig",
-            )
-        )
+        findings.append(_api_not_checked(cfg, api_unusable))
     else:
         findings += _run_sync(_check_api(api))
     return Report(node=cfg.node_name, findings=tuple(findings))

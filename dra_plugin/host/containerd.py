@@ -31,6 +31,8 @@ CRI_V2 = "io.containerd.cri.v1.runtime"  # containerd 2.x
 TALOS_CRI_PART = "/etc/cri/conf.d/20-customization.part"
 TALOS_PARTS_DIR = "/etc/cri/conf.d"
 MAIN_CONFIGS = ("/etc/containerd/config.toml", "/etc/cri/containerd.toml")
+# Signs of containerd on a host that has no config file (it then runs on its defaults).
+STATE_PATHS = ("/run/containerd", "/var/lib/containerd", "/etc/containerd")
 
 
 @dataclass
@@ -62,6 +64,12 @@ class ContainerdCdi:
     @property
     def source(self) -> str:
         return ", ".join(self.files) if self.files else "no containerd config found"
+
+
+def visible(host: Host, state: ContainerdCdi) -> bool:
+    """Whether containerd can be seen under the host root at all: without the host's /
+    mounted (or on a node with another runtime) its defaults prove nothing."""
+    return bool(state.files) or any(host.path(p).exists() for p in STATE_PATHS)
 
 
 def same_dir(a: str, b: str) -> bool:

@@ -21,7 +21,18 @@ from dra_plugin.doctor.findings import Finding
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.host.udev import DrmEvent, UdevScan
-from dra_plugin.options import ConfigError, Option, Raw, attr_name, number
+from dra_plugin.options import (
+    EVERY,
+    RUN_DISCOVER,
+    ConfigError,
+    Option,
+    Raw,
+    RawValues,
+    attr_name,
+    label,
+    number,
+    shown,
+)
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
 
@@ -167,6 +178,7 @@ def driver_name_option(vendor: str, title: str, default: str) -> Option:
         f"{vendor.upper()}_DRIVER_NAME",
         f"DRA driver name for {title} GPUs",
         default,
+        commands=EVERY,
     )
 
 
@@ -180,22 +192,24 @@ def sharing_options(
             f"exclusive: {exclusive_help}; shared: {shared_help}",
             EXCLUSIVE,
             MODES,
+            commands=RUN_DISCOVER,  # discover renders the slices run would publish
         ),
         Option(
             f"--{vendor}-shares",
             f"{vendor.upper()}_SHARES",
             f"shares per {what} when shared",
             str(DEFAULT_SHARES),
+            commands=RUN_DISCOVER,
         ),
     )
 
 
 def parse_driver_name(vendor: str, raw: Raw) -> str:
-    name = raw[f"{vendor}_driver_name"]
+    attr = f"{vendor}_driver_name"
+    name = raw[attr]
     if not valid_driver_name(name):
         raise ConfigError(
-            f"{vendor.upper()}_DRIVER_NAME={name!r} is not a lowercase DNS subdomain of "
-            "at most 63 characters"
+            f"{shown(raw, attr)} is not a lowercase DNS subdomain of at most 63 characters"
         )
     return name
 
@@ -203,9 +217,9 @@ def parse_driver_name(vendor: str, raw: Raw) -> str:
 def parse_shares(vendor: str, raw: Raw) -> tuple[str, int]:
     """(mode, shares) of a vendor's sharing flags."""
     key = f"{vendor}_shares"
-    shares = int(number(key.upper(), raw[key], int, 1))
+    shares = int(number(label(raw, key), raw[key], int, 1))
     if shares > MAX_SHARES:
-        raise ConfigError(f"{key.upper()}={raw[key]!r} must be <= {MAX_SHARES}")
+        raise ConfigError(f"{shown(raw, key)} must be <= {MAX_SHARES}")
     return raw[f"{vendor}_sharing"], shares
 
 
@@ -227,6 +241,8 @@ class BasicSettings:
         return cls(parse_driver_name(vendor, raw), mode, shares)
 
 
-def defaults(options: Sequence[Option]) -> dict[str, str]:
-    """Raw values of `options` at their defaults."""
-    return {attr_name(o): o.default for o in options}
+def defaults(options: Sequence[Option]) -> RawValues:
+    """Raw values of `options` at their defaults (named by their env twins)."""
+    return RawValues(
+        {attr_name(o): o.default for o in options}, {attr_name(o): o.env for o in options}
+    )

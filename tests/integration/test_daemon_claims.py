@@ -186,20 +186,24 @@ def test_discover_prints_exactly_what_run_publishes(cluster: Cluster) -> None:
     assert json.loads(js.stdout)["items"] == items
 
 
-def test_discover_on_an_empty_node_says_why(tmp_path: Path) -> None:
+@pytest.mark.parametrize("output", ["table", "json", "yaml"])
+def test_discover_on_an_empty_node_says_why(tmp_path: Path, output: str) -> None:
     c = Cluster(tmp_path, profile="empty", nvml_profile=None)
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "dra_plugin", "discover"],
+            [sys.executable, "-m", "dra_plugin", "discover", "-o", output],
             cwd=ROOT,
             env=c.env(),
             capture_output=True,
             text=True,
             timeout=60,
         )
-        assert r.returncode == 1
+        assert r.returncode == 1  # the same for every format
         assert "no GPUs found" in r.stderr and "doctor" in r.stderr
         assert "libnvidia-ml.so.1" in r.stderr  # the NVIDIA note names the missing library
+        if output != "table":  # what run would publish is still printed: no devices
+            items = yaml.safe_load(r.stdout)["items"]
+            assert items and not [s for s in items if s["spec"].get("devices")]
     finally:
         c.close()
 

@@ -50,7 +50,7 @@ def test_default_socket_names() -> None:
         (
             ["run", "--intel-driver-name", "GPU.Intel.com"],
             {"NODE_NAME": "n"},
-            "INTEL_DRIVER_NAME='GPU.Intel.com' is not a lowercase DNS subdomain",
+            "--intel-driver-name='GPU.Intel.com' is not a lowercase DNS subdomain",
         ),
         (["run", "--nvidia-driver-name", "a" * 64], {"NODE_NAME": "n"}, "at most 63"),
         (

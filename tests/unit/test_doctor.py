@@ -459,7 +459,7 @@ def api_report(host: HostRoot, srv: FakeAPIServer | None, url: str = "") -> Repo
 def test_api_not_checked_without_config(host: HostRoot) -> None:
     f = one(run(host), "api")
     assert f.status is Status.WARN
-    assert f.found == "API not checked: no kubeconfig/in-cluster config"
+    assert f.found == "API not checked: no kubeconfig and no in-cluster credentials"
     assert only(run(host), "rbac") == []
 
 

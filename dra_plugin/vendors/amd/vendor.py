@@ -13,7 +13,7 @@ from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import Option, Raw, number
+from dra_plugin.options import Option, Raw, label, number
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.amd import devices
 from dra_plugin.vendors.amd import ids as amd_ids
@@ -81,7 +81,8 @@ class AmdVendor(Vendor[AmdSettings]):
 
     def configure(self, raw: Raw) -> AmdSettings:
         mode, shares = parse_shares(AMD, raw)
-        poll = float(number("AMD_RAS_POLL_SECONDS", raw["amd_ras_poll_seconds"], float, 0))
+        key = "amd_ras_poll_seconds"
+        poll = float(number(label(raw, key), raw[key], float, 0))
         return AmdSettings(parse_driver_name(AMD, raw), poll, mode, shares)
 
     def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
-from dra_plugin.options import Option, Raw, number
+from dra_plugin.options import RUN_DISCOVER, Option, Raw, number
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.base import (
     Discovered,
@@ -47,6 +47,7 @@ OPTIONS = (
         "/dev/vfio nodes); drivers are never rebound",
         "false",
         ("true", "false"),
+        commands=RUN_DISCOVER,  # it changes what is published
     ),
     Option(
         "--intel-hang-threshold",

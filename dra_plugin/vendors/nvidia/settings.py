@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dra_plugin.options import ConfigError, Option, Raw, split
+from dra_plugin.options import (
+    EVERY,
+    RUN_DISCOVER,
+    ConfigError,
+    Option,
+    Raw,
+    absolute_path,
+    shown,
+    split,
+)
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.base import (
     driver_name_option,
@@ -27,6 +36,7 @@ OPTIONS = (
         "NVIDIA_DRIVER_ROOT",
         "root of the NVIDIA driver install (where libnvidia-ml.so.1 lives)",
         "/",
+        commands=EVERY,
     ),
     Option(
         "--nvidia-cdi-strategy",
@@ -54,6 +64,7 @@ OPTIONS = (
         "scheduler, not enforced on the GPU)",
         "false",
         ("true", "false"),
+        commands=RUN_DISCOVER,
     ),
     Option(
         "--xid-ignore",
@@ -87,14 +98,20 @@ class NvidiaSettings:
             xids = tuple(int(x) for x in split(raw["xid_ignore"]))
         except ValueError:
             raise ConfigError(
-                f"NVIDIA_XID_IGNORE={raw['xid_ignore']!r} is not a comma list of integers"
+                f"{shown(raw, 'xid_ignore')} is not a comma list of integers"
             ) from None
         mode, shares = parse_shares(NVIDIA, raw)
+        # Relative paths would be read relative to wherever the process was started.
+        dirs = split(raw["nvidia_toolkit_cdi_dirs"])
+        if any(not d.startswith("/") for d in dirs):
+            raise ConfigError(
+                f"{shown(raw, 'nvidia_toolkit_cdi_dirs')} must list absolute paths only"
+            )
         return cls(
             driver_name=parse_driver_name(NVIDIA, raw),
-            driver_root=Path(raw["nvidia_driver_root"]),
+            driver_root=Path(absolute_path(raw, "nvidia_driver_root")),
             cdi_strategy=raw["nvidia_cdi_strategy"],
-            toolkit_cdi_dirs=tuple(Path(p) for p in split(raw["nvidia_toolkit_cdi_dirs"])),
+            toolkit_cdi_dirs=tuple(Path(p) for p in dirs),
             sharing_mode=mode,
             shares=shares,
             shared_memory=raw["nvidia_shared_memory"] == "true",

@@ -1,0 +1,68 @@
+"""What `run` binds before the kubelet can see it: directories, the API client and the
+metrics listener. A setting that cannot work fails here, as one line naming the setting
+the way the user set it (`--cdi-root` or `CDI_ROOT`), and what was created is removed."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from pathlib import Path
+
+from dra_plugin.config import Config, kubeconfig_problem
+from dra_plugin.kubeapi import ApiError, KubeAPI
+from dra_plugin.telemetry import metrics
+
+
+class StartupError(Exception):
+    """A setting that cannot work on this node; the message names it as the user set it."""
+
+
+def make_dir(path: Path, setting: str, created: list[Path]) -> None:
+    """mkdir -p `path`, recording what it created (deepest first) for the undo."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    where = f"{setting}='{path}'"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StartupError(f"{where} is a file, not a directory") from None
+    except NotADirectoryError:
+        raise StartupError(f"{where}: a parent of it is a file, not a directory") from None
+    except OSError as exc:
+        raise StartupError(f"{where}: cannot create it: {exc.strerror or exc}") from None
+    created.extend(p for p in missing if p.is_dir())
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"{where} is not writable by this process")
+
+
+def remove_created(created: list[Path]) -> None:
+    for d in created:
+        with contextlib.suppress(OSError):  # not empty or already gone: not ours to remove
+            d.rmdir()
+
+
+def api_client(cfg: Config) -> KubeAPI:
+    setting = cfg.setting("kubeconfig")
+    if cfg.kubeconfig and (problem := kubeconfig_problem(cfg.kubeconfig)):
+        raise StartupError(f"{setting}='{cfg.kubeconfig}' {problem}")
+    try:
+        return KubeAPI.from_config(cfg)
+    except ApiError as exc:
+        raise StartupError(f"{setting}: cannot configure the API client: {exc}") from None
+
+
+async def listen_metrics(cfg: Config, server_: metrics.MetricsServer) -> None:
+    try:
+        await server_.start()
+    except OSError as exc:
+        # The port when it is taken or privileged, else the address.
+        by_port = exc.errno in (errno.EADDRINUSE, errno.EACCES)
+        if isinstance(exc, socket.gaierror) or not by_port:
+            setting = f"{cfg.setting('metrics_address')}='{cfg.metrics_address}'"
+        else:
+            setting = f"{cfg.setting('metrics_port')}='{cfg.metrics_port}'"
+        raise StartupError(
+            f"{setting}: cannot listen on {cfg.metrics_address}:{cfg.metrics_port}: "
+            f"{exc.strerror or exc}"
+        ) from None

@@ -1,0 +1,80 @@
+"""The real daemon refusing to start: one line naming the setting as it was set, exit 2,
+no traceback, and nothing left behind for the kubelet to find."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.cluster import Cluster
+from tests.fakes.simnode import unavailable_reason
+
+pytestmark = pytest.mark.skipif(
+    unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+    yield c
+    c.close()
+
+
+def refused(cluster: Cluster, name: str, env: dict[str, str], args: tuple[str, ...] = ()) -> str:
+    """Start the daemon, expect exit 2; the one log line naming `name`."""
+    daemon = cluster.start_daemon(env={"VENDORS": "intel", **env}, args=args)
+    assert daemon.proc.wait(30) == 2, daemon.logs()
+    logs = daemon.logs()
+    assert "Traceback" not in logs, logs
+    naming = [ln for ln in logs.splitlines() if name in ln]
+    assert len(naming) == 1, logs
+    assert not list(cluster.sockets.rglob("*.sock")), "sockets left behind"
+    return naming[0]
+
+
+def test_cdi_root_that_is_a_file(cluster: Cluster, tmp_path: Path) -> None:
+    cdi = tmp_path / "cdi-file"
+    cdi.write_text("")
+    line = refused(cluster, "CDI_ROOT", {"CDI_ROOT": str(cdi)})
+    assert f"CDI_ROOT='{cdi}' is a file, not a directory" in line
+    # Nothing of ours is left: the kubelet dirs this run created are gone again.
+    assert not cluster.registry.exists() and not cluster.plugins.exists()
+
+
+def test_cdi_root_flag_that_cannot_be_created(cluster: Cluster, tmp_path: Path) -> None:
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    line = refused(cluster, "--cdi-root", {}, ("--cdi-root", str(blocker / "cdi")))
+    assert "a parent of it is a file, not a directory" in line
+
+
+@pytest.mark.parametrize(
+    "content,why",
+    [
+        ('apiVersion: v1\nclusters:\n- cluster:\n    server: "http', "is not valid YAML"),
+        ("x\n", "is not a kubeconfig"),
+    ],
+)
+def test_malformed_kubeconfig(cluster: Cluster, tmp_path: Path, content: str, why: str) -> None:
+    bad = tmp_path / "bad-kubeconfig"
+    bad.write_text(content)
+    line = refused(cluster, "KUBECONFIG", {"KUBECONFIG": str(bad)})
+    assert f"KUBECONFIG='{bad}' {why}" in line
+    flag = refused(cluster, "--kubeconfig", {}, ("--kubeconfig", str(bad)))
+    assert f"--kubeconfig='{bad}' {why}" in flag
+
+
+def test_metrics_port_in_use(cluster: Cluster) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(
+            cluster, "METRICS_PORT", {"METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1"}
+        )
+    assert f"METRICS_PORT='{port}': cannot listen on 127.0.0.1:{port}" in line
+    assert not list(cluster.registry.glob("*-reg.sock"))
