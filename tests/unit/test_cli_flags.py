@@ -52,7 +52,9 @@ def test_discover_help_shows_only_its_own_flags() -> None:
     for flag in (*RUN_ONLY_FLAGS, "--cdi-root", "--kubeconfig", "--kubelet-plugins-directory-path"):
         assert flag not in text, flag
     assert "exit status" in text and "1 none found" in text
-    assert len(text.splitlines()) < 80
+    # Its own flags only: well under run's help (passthrough switches like --intel-vfio
+    # belong to discover too, since they change what is published).
+    assert len(text.splitlines()) < 0.6 * len(_help("run").splitlines())
 
 
 def test_doctor_help_shows_only_its_own_flags() -> None:
