@@ -120,9 +120,25 @@ def run(cluster: Cluster) -> int:
     say(
         "NodePrepareResources",
         "\n".join(
-            f"device {d.device_name} (pool {d.pool_name}, request {list(d.request_names)}): "
-            f"CDI {list(d.cdi_device_ids)}"
+            f"device {d.device_name} (pool {d.pool_name}, request "
+            f"{', '.join(d.request_names)}): CDI {' '.join(d.cdi_device_ids)}"
             for d in result.devices
+        ),
+    )
+    # KEP-4817: the plugin writes the prepared device into the claim's status, after
+    # answering the kubelet (server-side apply, field manager = the driver name).
+    status = cluster.wait_for(
+        "status.devices",
+        lambda: (cluster.api.get_stored_claim("default", "gpu-smoke-test").get("status") or {}).get(
+            "devices"
+        ),
+    )
+    say(
+        "ResourceClaim status.devices written by the plugin",
+        "\n".join(
+            f"{s['driver']} / {s['pool']} / {s['device']}: "
+            + ", ".join(f"{c['type']}={c['status']}" for c in s.get("conditions", []))
+            for s in status
         ),
     )
 
@@ -144,14 +160,25 @@ def run(cluster: Cluster) -> int:
     nv_spec = json.loads((cluster.cdi / f"k8s.{NVIDIA}-claim_{nv_uid}.json").read_text())
     nodes = [n["path"] for d in nv_spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
     nodes += [n["path"] for n in nv_spec.get("containerEdits", {}).get("deviceNodes", [])]
+    mounts = [m["containerPath"] for m in nv_spec.get("containerEdits", {}).get("mounts", [])]
+    strategy = next(
+        (ln.split("NVIDIA userspace ", 1)[1] for ln in daemon.logs().splitlines()
+         if "NVIDIA userspace strategy=" in ln),
+        "not logged",
+    )  # fmt: skip
     say(
         "NodePrepareResources (NVIDIA claim default/cuda-job -> gpu-0)",
-        f"CDI {[list(d.cdi_device_ids) for d in nv_result.devices]}\n"
-        f"device nodes {nodes}\n"
-        "(no NVIDIA container toolkit spec and no host driver libraries on this simulated "
-        "node, so strategy 'auto' chose device nodes only and logged why)",
+        f"CDI {' '.join(i for d in nv_result.devices for i in d.cdi_device_ids)}\n"
+        f"device nodes {' '.join(nodes)}\n"
+        f"driver files mounted read-only: {len(mounts)}\n"
+        f"userspace (why, as logged): {strategy}",
     )
-    plugins[NVIDIA].unprepare([Claim("default", nv_uid, "cuda-job")])
+    nv_spec_path = cluster.cdi / f"k8s.{NVIDIA}-claim_{nv_uid}.json"
+    nv_un = plugins[NVIDIA].unprepare([Claim("default", nv_uid, "cuda-job")])
+    if nv_un.claims[nv_uid].error or nv_spec_path.exists():
+        say("NodeUnprepareResources (NVIDIA) FAILED", nv_un.claims[nv_uid].error or "spec left")
+        return 1
+    say("NodeUnprepareResources (NVIDIA)", f"ok; {nv_spec_path.name} removed")
 
     un = plugins[INTEL].unprepare([Claim("default", uid, "gpu-smoke-test")])
     if un.claims[uid].error:
@@ -169,6 +196,12 @@ def run(cluster: Cluster) -> int:
     )
     if spec_path.exists() or code != 0:
         return 1
+    # What an operator reads in `kubectl logs`: discovery, registration, prepares, the
+    # NVIDIA userspace choice and the shutdown, one line each.
+    wanted = ("discovered", "running node=", "NVIDIA userspace", "prepared claim",
+              "unprepared", "shutting down", "stopped")  # fmt: skip
+    lines = [ln for ln in daemon.logs().splitlines() if any(w in ln for w in wanted)]
+    say("daemon log lines that matter", "\n".join(lines))
     print("\ndemo finished: all steps succeeded")
     return 0
 
