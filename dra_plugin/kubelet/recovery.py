@@ -29,13 +29,14 @@ from dra_plugin.kubelet.checkpoint import (
     ClaimRecord,
     DeviceRecord,
     State,
+    holder,
 )
 
 log = logging.getLogger(__name__)
 
 
 def who(rec: ClaimRecord) -> str:
-    return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
+    return holder(rec)
 
 
 def settle(
