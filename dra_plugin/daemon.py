@@ -19,7 +19,7 @@ from dra_plugin.cdi.claims import CdiOptions
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
-from dra_plugin.host import hotplug, udev
+from dra_plugin.host import files, hotplug, udev
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.claims import ClaimPreparer
@@ -129,9 +129,9 @@ async def run(cfg: Config) -> int:
     drivers = list(cfg.drivers.values())
 
     # 1. Directories we own.
-    cfg.cdi_root.mkdir(parents=True, exist_ok=True)
+    files.make_dir(cfg.cdi_root, files.SHARED_DIR_MODE)  # explicit modes, whatever the umask
     for driver in drivers:
-        cfg.plugin_dir(driver).mkdir(parents=True, exist_ok=True)
+        files.make_dir(cfg.plugin_dir(driver), files.PRIVATE_DIR_MODE)
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
 
     # 2. Discovery, logged once per vendor.
