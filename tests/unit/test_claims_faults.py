@@ -43,6 +43,8 @@ needs_namespaces = pytest.mark.skipif(
 def test_read_only_cdi_dir_fails_each_claim_and_leaves_no_started_entry(tmp_path: Path) -> None:
     assert asyncio.run(fsfaults.prepare(tmp_path, range(1)))[uid(0)] == ""
     cdi = tmp_path / "cdi"
+    spec0, orphan = (cdi / f"k8s.{DRIVER}-claim_{uid(i)}.json" for i in (0, 9))
+    orphan.write_bytes(spec0.read_bytes())  # start-up cannot remove it: must not stop us
     got = fsfaults.run_child(f"mount --bind -o ro {cdi} {cdi}", "readonly-cdi", tmp_path)
     assert set(got["prepare"]) == {uid(1), uid(2)}
     for i in (1, 2):
@@ -54,7 +56,7 @@ def test_read_only_cdi_dir_fails_each_claim_and_leaves_no_started_entry(tmp_path
     assert got["after_prepare"] == {uid(0): "completed"}
     # Unprepare answers too; the claim's spec is still there, so is its entry.
     assert "read-only" in got["unprepare"][uid(0)]
-    assert got["files"] == [f"k8s.{DRIVER}-claim_{uid(0)}.json"]
+    assert got["files"] == [spec0.name, orphan.name]
     assert got["after_unprepare"] == {uid(0): "unpreparing"}
     # Writable again: the next pass finishes the unprepare; the claims prepare.
     assert asyncio.run(fsfaults.prepare(tmp_path, range(1, 3))) == {uid(1): "", uid(2): ""}
