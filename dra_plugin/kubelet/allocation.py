@@ -128,7 +128,7 @@ def _kind(value: object) -> str:
     return f"{type(value).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
 
 
-def _field(who: str, path: str, value: object, want: str) -> ClaimError:
+def malformed(who: str, path: str, value: object, want: str) -> ClaimError:
     return ClaimError(
         f"{who}: malformed claim from the API: {path} is {_kind(value)}, not {want}; "
         "the claim was not prepared"
@@ -139,44 +139,44 @@ def allocation_results(who: str, claim: object) -> list[Mapping[str, Any]]:
     """The claim's allocation results, after checking the shape of every part read here
     (and by device metadata); ClaimError names the first bad field."""
     if not isinstance(claim, Mapping):
-        raise _field(who, "the claim", claim, "an object")
+        raise malformed(who, "the claim", claim, "an object")
     meta = claim.get("metadata")
     if not isinstance(meta, Mapping):
-        raise _field(who, "metadata", meta, "an object")
+        raise malformed(who, "metadata", meta, "an object")
     if not isinstance(meta.get("uid"), str):
-        raise _field(who, "metadata.uid", meta.get("uid"), "a string")
+        raise malformed(who, "metadata.uid", meta.get("uid"), "a string")
     annotations = meta.get("annotations")
     if annotations is not None and not isinstance(annotations, Mapping):
-        raise _field(who, "metadata.annotations", annotations, "an object")
+        raise malformed(who, "metadata.annotations", annotations, "an object")
     status = claim.get("status")
     if status is not None and not isinstance(status, Mapping):
-        raise _field(who, "status", status, "an object")
+        raise malformed(who, "status", status, "an object")
     alloc = (status or {}).get("allocation")
     if not alloc:
         raise ClaimError(f"{who}: not allocated")
     if not isinstance(alloc, Mapping):
-        raise _field(who, "status.allocation", alloc, "an object")
+        raise malformed(who, "status.allocation", alloc, "an object")
     devices = alloc.get("devices")
     if devices is not None and not isinstance(devices, Mapping):
-        raise _field(who, "status.allocation.devices", devices, "an object")
+        raise malformed(who, "status.allocation.devices", devices, "an object")
     results = (devices or {}).get("results")
     if results is None:
         return []
     if not isinstance(results, list):
-        raise _field(who, "status.allocation.devices.results", results, "a list")
+        raise malformed(who, "status.allocation.devices.results", results, "a list")
     for i, r in enumerate(results):
         path = f"status.allocation.devices.results[{i}]"
         if not isinstance(r, Mapping):
-            raise _field(who, path, r, "an object")
+            raise malformed(who, path, r, "an object")
         for key in ("driver", "pool", "device", "request"):
             if not isinstance(r.get(key), str):
-                raise _field(who, f"{path}.{key}", r.get(key), "a string")
+                raise malformed(who, f"{path}.{key}", r.get(key), "a string")
         admin = r.get("adminAccess")
         if admin is not None and not isinstance(admin, bool):
-            raise _field(who, f"{path}.adminAccess", admin, "a boolean")
+            raise malformed(who, f"{path}.adminAccess", admin, "a boolean")
         consumed = r.get("consumedCapacity")
         if consumed is not None and not isinstance(consumed, Mapping):
-            raise _field(who, f"{path}.consumedCapacity", consumed, "an object")
+            raise malformed(who, f"{path}.consumedCapacity", consumed, "an object")
     return results
 
 

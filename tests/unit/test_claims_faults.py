@@ -140,6 +140,7 @@ def _claim1(**parts: Any) -> dict[str, Any]:
         (_claim1(metadata__uid=5), "metadata.uid is int 5"),
         (_claim1(metadata__annotations=["a"]), "metadata.annotations is list"),
         ([1, 2], "the claim is list"),
+        ("0", "the claim is str '0'"),  # not to be taken for a fetch error message
     ],
 )
 def test_a_malformed_claim_fails_alone_naming_the_field(
