@@ -22,7 +22,7 @@ from dra_plugin.cdi.claims import CdiOptions
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
-from dra_plugin.host import hotplug, udev
+from dra_plugin.host import files, hotplug, udev
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.claims import ClaimPreparer
 from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
@@ -144,10 +144,14 @@ async def run(cfg: Config) -> int:
         else None
     )
     try:
-        make_dir(cfg.cdi_root, cfg.setting("cdi_root"), created)
-        make_dir(cfg.registrar_dir, cfg.setting("kubelet_registrar_directory_path"), created)
+        # Explicit modes, whatever the umask: the runtime reads the CDI root; the plugin
+        # dirs hold sockets and the checkpoint.
+        make_dir(cfg.cdi_root, cfg.setting("cdi_root"), created, files.SHARED_DIR_MODE)
+        registrar = cfg.setting("kubelet_registrar_directory_path")
+        make_dir(cfg.registrar_dir, registrar, created, files.PRIVATE_DIR_MODE)
+        plugins = cfg.setting("kubelet_plugins_directory_path")
         for driver in drivers:
-            make_dir(cfg.plugin_dir(driver), cfg.setting("kubelet_plugins_directory_path"), created)
+            make_dir(cfg.plugin_dir(driver), plugins, created, files.PRIVATE_DIR_MODE)
         if metrics_server is not None:
             await listen_metrics(cfg, metrics_server)
         api = api_client(cfg)

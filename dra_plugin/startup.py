@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 from dra_plugin.config import Config, kubeconfig_problem
+from dra_plugin.host import files
 from dra_plugin.kubeapi import ApiError, KubeAPI
 from dra_plugin.telemetry import metrics
 
@@ -19,15 +20,16 @@ class StartupError(Exception):
     """A setting that cannot work on this node; the message names it as the user set it."""
 
 
-def make_dir(path: Path, setting: str, created: list[Path]) -> None:
-    """mkdir -p `path`, recording what it created (deepest first) for the undo."""
+def make_dir(path: Path, setting: str, created: list[Path], mode: int) -> None:
+    """mkdir -p `path` (new directories get `mode`), recording what it created (deepest
+    first) for the undo."""
     missing = [p for p in (path, *path.parents) if not p.exists()]
     where = f"{setting}='{path}'"
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise StartupError(f"{where} is a file, not a directory") from None
-    except NotADirectoryError:
+        files.make_dir(path, mode)
+    except (FileExistsError, NotADirectoryError):
+        if path.exists() and not path.is_dir():
+            raise StartupError(f"{where} is a file, not a directory") from None
         raise StartupError(f"{where}: a parent of it is a file, not a directory") from None
     except OSError as exc:
         raise StartupError(f"{where}: cannot create it: {exc.strerror or exc}") from None

@@ -1,4 +1,4 @@
-"""Durable file primitives: atomic writes, directory fsyncs (batched), the flock.
+"""Durable file primitives: atomic writes, directory fsyncs (batched), the flock, dirs.
 
 `batched_dir_syncs()` is the group-commit half that lives below the checkpoint: inside it,
 `atomic_write` and `sync_dir` still fsync every file but fsync each directory only once,
@@ -76,6 +76,31 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
         raise
     if durable:
         sync_dir(path.parent)
+
+
+# Modes of the directories the plugin creates, whatever the umask it runs under.
+PRIVATE_DIR_MODE = 0o750  # plugin and state dirs: sockets, checkpoint (root and group)
+SHARED_DIR_MODE = 0o755  # read by the container runtime: the CDI root, device metadata
+
+
+def make_dir(path: Path, mode: int) -> None:
+    """`mkdir -p` whose new directories (parents included) get exactly `mode`; existing
+    ones are left as they are (a host path an operator set up is theirs)."""
+    missing: list[Path] = []
+    p = path
+    while not p.is_dir():
+        missing.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, mode)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue  # created meanwhile by someone else: theirs
+        os.chmod(d, mode)  # mkdir applies the umask
 
 
 class FileLock:

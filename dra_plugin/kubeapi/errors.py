@@ -15,6 +15,8 @@ from kubernetes.client.exceptions import ApiException
 class ApiError(Exception):
     """Base class for API failures."""
 
+    reason = "error"  # the label of dra_plugin_api_retries_total when it is retried
+
 
 class NotFoundError(ApiError):
     """The object does not exist (HTTP 404)."""
@@ -23,13 +25,22 @@ class NotFoundError(ApiError):
 class ConflictError(ApiError):
     """Stale resourceVersion, changed UID or name collision (HTTP 409)."""
 
+    reason = "conflict"
+
 
 class InvalidError(ApiError):
     """The server rejected the object (HTTP 422); the message carries the server's reason."""
 
+    reason = "invalid"
+
 
 class UnavailableError(ApiError):
     """The API server could not be reached or answered 5xx/429 after retries."""
+
+    def __init__(self, msg: str, *, reason: str = "unavailable", retry_after: float = 0.0):
+        super().__init__(msg)
+        self.reason = reason  # unavailable (no answer), server_error (5xx), throttled (429)
+        self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After)
 
 
 class ForbiddenError(ApiError):
@@ -79,7 +90,20 @@ def translate(exc: BaseException, what: str) -> ApiError:
             return InvalidError(msg)
         if status in (401, 403):
             return ForbiddenError(msg)
-        if status == 429 or status >= 500 or status == 0:
+        if status == 429 or status >= 500:
+            reason = "throttled" if status == 429 else "server_error"
+            return UnavailableError(msg, reason=reason, retry_after=retry_after(exc))
+        if status == 0:
             return UnavailableError(msg)
         return ApiError(msg)
     return UnavailableError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def retry_after(exc: ApiException) -> float:
+    """The Retry-After header in seconds (0: none, or an HTTP date, which servers of the
+    API do not send)."""
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After", 0) or 0))
+    except (TypeError, ValueError):
+        return 0.0

@@ -37,7 +37,7 @@ class ResourceObjects(ResourceDiscovery):
         async def get(version: str) -> Obj:
             path = f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/{CLAIMS}/{name}"
             claim = await self._read(
-                f"get ResourceClaim {namespace}/{name}", self._get_path, quote(path)
+                f"get ResourceClaim {namespace}/{name}", self._get_path, quote(path), urgent=True
             )
             return claim_to_v1(claim, version)
 

@@ -5,6 +5,13 @@ transient failures (connection refused, 5xx, 429); writes are not retried here b
 their callers re-read and recompute (slices) or log and move on (claim status).
 Blocking client calls run in worker threads (`asyncio.to_thread`).
 
+One `RetryGate` per client: after a transient failure no request (of any caller: the
+publisher, the watch, claim status) is sent before a backoff that doubles with each
+failure up to `Timeouts.outage_backoff_max`, or before the server's Retry-After (429), so
+an API server that is down sees about one request per loop every 30 s, not several per
+second. A kubelet call's claim GET does not wait for its first try (the API may be back;
+its success reopens the gate for everyone), only for its retries.
+
 Plain GETs (claims, nodes: the prepare path) skip the client's per-request work (auth
 settings and host re-evaluated, parameters validated and serialized) and go straight to
 its urllib3 pool with headers computed once; they are recomputed every AUTH_REFRESH_S
@@ -35,6 +42,7 @@ from dra_plugin.kubeapi.errors import (
     UnavailableError,
     translate,
 )
+from dra_plugin.telemetry import metrics
 
 if TYPE_CHECKING:
     from dra_plugin.config import Config
@@ -80,6 +88,43 @@ class Timeouts:
     read_budget: float = 30.0
     backoff_initial: float = 0.2
     backoff_max: float = 5.0
+    # The shared gate's ceiling while the API keeps failing (client-go's reflectors: 30 s).
+    outage_backoff_max: float = 30.0
+    retry_after_max: float = 120.0  # a Retry-After longer than this is cut to it
+
+
+class RetryGate:
+    """When the next request may go out, shared by every caller of one API client.
+
+    Transient failures (no connection, 5xx, 429) push the time out by a capped exponential
+    backoff with jitter, or by the server's Retry-After when longer; a success reopens it.
+    """
+
+    POLL = 0.5  # waiters re-check this often, so a success elsewhere wakes them soon
+
+    def __init__(self, timeouts: Timeouts) -> None:
+        self._backoff = Backoff(timeouts.backoff_initial, timeouts.outage_backoff_max)
+        self._retry_after_max = timeouts.retry_after_max
+        self._not_before = 0.0
+
+    def remaining(self) -> float:
+        return max(0.0, self._not_before - time.monotonic())
+
+    async def wait(self) -> None:
+        while (left := self.remaining()) > 0:
+            await asyncio.sleep(min(left, self.POLL))
+
+    def failed(self, exc: UnavailableError) -> float:
+        """Push the gate out after `exc`; returns the delay from now."""
+        delay = self._backoff.next()
+        if exc.retry_after:
+            delay = max(delay, min(exc.retry_after, self._retry_after_max))
+        self._not_before = max(self._not_before, time.monotonic() + delay)
+        return self.remaining()
+
+    def ok(self) -> None:
+        self._backoff.reset()
+        self._not_before = 0.0
 
 
 class Transport:
@@ -92,6 +137,7 @@ class Transport:
         # No CoreV1Api: building it imports hundreds of typed models (~0.5 s, ~20 MiB)
         # just to read one Node, which _get_path does with the same client.
         self.timeouts = timeouts or Timeouts()
+        self.gate = RetryGate(self.timeouts)
         self._closed = False
         self._headers: dict[str, str] = {}
         self._headers_at = -AUTH_REFRESH_S
@@ -203,27 +249,44 @@ class Transport:
             if resp.status != 401:
                 break  # a 401 once: the token may have rotated; fresh headers, once more
         if not 200 <= resp.status <= 299:
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+            exc = ApiException(status=resp.status, reason=resp.reason, body=resp.data)
+            exc.headers = resp.headers  # Retry-After
+            raise exc
         return resp
 
-    async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
-        result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+    async def _gated(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        """One request; its outcome moves the shared gate."""
+        try:
+            result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+        except UnavailableError as exc:
+            self.gate.failed(exc)
+            raise
+        self.gate.ok()
         return result
 
-    async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
-        backoff = Backoff(self.timeouts.backoff_initial, self.timeouts.backoff_max)
+    async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        await self.gate.wait()
+        return await self._gated(what, fn, *args, **kwargs)
+
+    async def _read(
+        self, what: str, fn: Callable[..., Any], *args: Any, urgent: bool = False, **kwargs: Any
+    ) -> Obj:
+        """A read, retried on transient failures while it can finish within the budget;
+        `urgent` (a kubelet call waits): the first try does not wait for the gate."""
         attempts = max(1, self.timeouts.read_attempts)
         deadline = time.monotonic() + self.timeouts.read_budget
         for attempt in range(1, attempts + 1):
+            if attempt > 1 or not urgent:
+                await self.gate.wait()
             try:
-                result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
-                return result
+                return await self._gated(what, fn, *args, **kwargs)
             except UnavailableError as exc:
-                delay = backoff.next()
+                delay = self.gate.remaining()
                 # Another attempt only if it could still finish (connect + read) in budget.
                 worst = delay + self.timeouts.connect + self.timeouts.read
                 if attempt == attempts or time.monotonic() + worst > deadline:
                     raise
+                metrics.api_retry(exc.reason)
                 log.debug(
                     "retrying read what=%r attempt=%d delay=%.2fs error=%s",
                     what,
@@ -231,5 +294,4 @@ class Transport:
                     delay,
                     exc,
                 )
-                await asyncio.sleep(delay)
         raise AssertionError("unreachable")

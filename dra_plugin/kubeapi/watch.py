@@ -27,6 +27,7 @@ from dra_plugin.kubeapi.errors import (
 )
 from dra_plugin.kubeapi.objects import ResourceObjects, slice_selector
 from dra_plugin.kubeapi.transport import Backoff, Obj
+from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
@@ -55,16 +56,16 @@ class SliceWatch(ResourceObjects):
         that version has expired (410) or the connection failed for long, it lists again
         and yields RESYNC. Errors never end the iterator: it backs off and retries.
         """
-        backoff = Backoff(self.timeouts.backoff_initial, max(self.timeouts.backoff_max, 1.0))
+        # Transient failures wait for the client's shared gate (transport.RetryGate); this
+        # backoff is for the others (RBAC, a bad request), which the gate does not see.
+        backoff = Backoff(self.timeouts.backoff_initial, self.timeouts.outage_backoff_max)
         rv = resource_version
         while not self._closed:
             if not rv:
                 try:
                     _, rv = await self.list_slices(node, driver)
                 except ApiError as exc:
-                    delay = backoff.next()
-                    log.warning("slice watch: list failed, retry in %.1fs: %s", delay, exc)
-                    await asyncio.sleep(delay)
+                    await self._watch_backoff(backoff, "list failed", exc)
                     continue
                 yield WatchEvent("RESYNC", {})
             try:
@@ -81,15 +82,27 @@ class SliceWatch(ResourceObjects):
                 log.info("slice watch: resourceVersion %s expired, listing again", rv)
                 rv = ""
             except ApiError as exc:
-                delay = backoff.next()
-                log.warning("slice watch failed, retry in %.1fs: %s", delay, exc)
-                await asyncio.sleep(delay)
+                if isinstance(exc, UnavailableError):
+                    self.gate.failed(exc)
+                await self._watch_backoff(backoff, "failed", exc)
+
+    async def _watch_backoff(self, backoff: Backoff, what: str, exc: ApiError) -> None:
+        metrics.api_retry(exc.reason)
+        if isinstance(exc, UnavailableError):  # the gate was pushed out by the failure
+            delay = self.gate.remaining()
+            log.warning("slice watch %s, retry in %.1fs: %s", what, delay, exc)
+            await self.gate.wait()
+            return
+        delay = backoff.next()
+        log.warning("slice watch %s, retry in %.1fs: %s", what, delay, exc)
+        await asyncio.sleep(delay)
 
     async def _watch_once(
         self, node: str, driver: str | None, rv: str
     ) -> AsyncIterator[WatchEvent]:
         """One watch request, streamed from a worker thread into the event loop."""
         version = await self.resource_api_version()
+        await self.gate.wait()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         holder: dict[str, Any] = {}
@@ -118,6 +131,7 @@ class SliceWatch(ResourceObjects):
                 holder["resp"] = resp
                 if stop.is_set():
                     return
+                post("open", None)
                 for line in resp:
                     if stop.is_set():
                         return
@@ -142,6 +156,9 @@ class SliceWatch(ResourceObjects):
                 kind, item = await queue.get()
                 if kind == "end":
                     return
+                if kind == "open":
+                    self.gate.ok()
+                    continue
                 if kind == "error":
                     raise item
                 etype = str(item.get("type", ""))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dra_plugin.devices import Device
-from dra_plugin.kubelet.checkpoint import ClaimRecord
+from dra_plugin.kubelet.checkpoint import ClaimRecord, holder
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
 
@@ -60,7 +60,7 @@ class Holdings:
     def of(cls, records: Iterable[ClaimRecord], sharing: Sharing | None) -> Holdings:
         holdings = cls(sharing)
         for rec in records:
-            who = f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
+            who = holder(rec)
             for d in rec.devices:
                 if d.admin_access:
                     continue
@@ -123,6 +123,63 @@ class Holdings:
             )
 
 
+def _kind(value: object) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:40] + '...'}"
+
+
+def malformed(who: str, path: str, value: object, want: str) -> ClaimError:
+    return ClaimError(
+        f"{who}: malformed claim from the API: {path} is {_kind(value)}, not {want}; "
+        "the claim was not prepared"
+    )
+
+
+def allocation_results(who: str, claim: object) -> list[Mapping[str, Any]]:
+    """The claim's allocation results, after checking the shape of every part read here
+    (and by device metadata); ClaimError names the first bad field."""
+    if not isinstance(claim, Mapping):
+        raise malformed(who, "the claim", claim, "an object")
+    meta = claim.get("metadata")
+    if not isinstance(meta, Mapping):
+        raise malformed(who, "metadata", meta, "an object")
+    if not isinstance(meta.get("uid"), str):
+        raise malformed(who, "metadata.uid", meta.get("uid"), "a string")
+    annotations = meta.get("annotations")
+    if annotations is not None and not isinstance(annotations, Mapping):
+        raise malformed(who, "metadata.annotations", annotations, "an object")
+    status = claim.get("status")
+    if status is not None and not isinstance(status, Mapping):
+        raise malformed(who, "status", status, "an object")
+    alloc = (status or {}).get("allocation")
+    if not alloc:
+        raise ClaimError(f"{who}: not allocated")
+    if not isinstance(alloc, Mapping):
+        raise malformed(who, "status.allocation", alloc, "an object")
+    devices = alloc.get("devices")
+    if devices is not None and not isinstance(devices, Mapping):
+        raise malformed(who, "status.allocation.devices", devices, "an object")
+    results = (devices or {}).get("results")
+    if results is None:
+        return []
+    if not isinstance(results, list):
+        raise malformed(who, "status.allocation.devices.results", results, "a list")
+    for i, r in enumerate(results):
+        path = f"status.allocation.devices.results[{i}]"
+        if not isinstance(r, Mapping):
+            raise malformed(who, path, r, "an object")
+        for key in ("driver", "pool", "device", "request"):
+            if not isinstance(r.get(key), str):
+                raise malformed(who, f"{path}.{key}", r.get(key), "a string")
+        admin = r.get("adminAccess")
+        if admin is not None and not isinstance(admin, bool):
+            raise malformed(who, f"{path}.adminAccess", admin, "a boolean")
+        consumed = r.get("consumedCapacity")
+        if consumed is not None and not isinstance(consumed, Mapping):
+            raise malformed(who, f"{path}.consumedCapacity", consumed, "an object")
+    return results
+
+
 def select(
     who: str,
     uid: str,
@@ -134,16 +191,12 @@ def select(
     holdings: Holdings,
 ) -> list[Chosen]:
     """Our allocation results and their devices (checked and added to `holdings`)."""
-    meta = claim.get("metadata") or {}
+    results = allocation_results(who, claim)
+    meta = claim["metadata"]
     if meta.get("uid") != uid:
         raise ClaimError(f"{who}: replaced: the API now has uid {meta.get('uid')!r}")
-    alloc = (claim.get("status") or {}).get("allocation")
-    if not alloc:
-        raise ClaimError(f"{who}: not allocated")
     chosen: list[Chosen] = []
-    for r in (alloc.get("devices") or {}).get("results") or []:
-        if not isinstance(r, Mapping):
-            continue
+    for r in results:
         if r.get("driver") != driver or r.get("pool") != pool:
             continue
         dev = devices.get(str(r.get("device")))

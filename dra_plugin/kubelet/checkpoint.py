@@ -90,6 +90,13 @@ class ClaimRecord:
     device_metadata: Mapping[str, Any] | None = None
 
 
+def holder(rec: ClaimRecord) -> str:
+    """How messages name a claim; one rebuilt from its spec file has only its UID."""
+    if not rec.namespace and not rec.name:
+        return f"claim uid {rec.uid} (recovered from its CDI spec; name unknown)"
+    return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
+
+
 @dataclass
 class State:
     boot_id: str

@@ -16,13 +16,11 @@ from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.devices import Device
-from dra_plugin.host.files import batched_dir_syncs
-from dra_plugin.kubelet import devicemetadata, recovery
+from dra_plugin.kubelet import devicemetadata, diskerrors, recovery
 from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
     STARTED,
-    UNPREPARING,
     ClaimRecord,
     DeviceRecord,
     State,
@@ -38,8 +36,10 @@ from dra_plugin.kubelet.contract import (
 )
 from dra_plugin.kubelet.fetch import FetchClaim, fetch_all, known_completed
 from dra_plugin.kubelet.groupcommit import GroupCommit, runs
+from dra_plugin.kubelet.prepwrite import SpecWriter
 from dra_plugin.kubelet.recovery import who as _who
 from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.kubelet.unprepare import unprepare
 from dra_plugin.sharing import Sharing
 
 __all__ = [
@@ -104,11 +104,15 @@ class ClaimPreparer:
         self._devices = devices
         self._on_step = on_step
         self._on_held = on_held
+        self.state_dir = state_dir
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
         self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
+        self._writer = SpecWriter(
+            self._checkpoint, cdi_root, state_dir, self._metadata, self._step, self._drop_settled
+        )
         self.held: set[str] = set()
         self._held_generation = -1
 
@@ -129,7 +133,9 @@ class ClaimPreparer:
         known = await known_completed(self._checkpoint, refs)
         fetched = await fetch_all(self._fetch, [r for uid, r in refs.items() if uid not in known])
         if refs:
-            results.update(await self._commit.submit(_Job("prepare", list(refs.values()), fetched)))
+            job = _Job("prepare", list(refs.values()), fetched)
+            got = await self._submit(job, lambda msg: PrepareResult(error=msg))
+            results.update(got)
         return results
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
@@ -141,8 +147,24 @@ class ClaimPreparer:
             else:
                 results[ref.uid] = check_ref(ref)
         if refs:
-            results.update(await self._commit.submit(_Job("unprepare", list(refs.values()))))
+            results.update(await self._submit(_Job("unprepare", list(refs.values())), str))
         return results
+
+    async def _submit(self, job: _Job, error: Callable[[str], _T]) -> dict[str, _T]:
+        """The pass's answers; a pass that failed as a whole (an unreadable checkpoint, a
+        bug) still answers every claim, with the reason."""
+        try:
+            got: dict[str, _T] = await self._commit.submit(job)
+            return got
+        except Exception as exc:
+            log.exception(
+                "%s of %d claim(s) failed driver=%s", job.kind, len(job.refs), self.driver
+            )
+            if isinstance(exc, OSError):
+                why = diskerrors.state_dir(self.state_dir, exc, "cannot use the checkpoint")
+            else:
+                why = f"internal error: {type(exc).__name__}: {exc}"
+            return {r.uid: error(f"{r}: {job.kind} failed: {why}") for r in job.refs}
 
     # --- locking, batching and recovery ---------------------------------------------
     async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
@@ -184,9 +206,7 @@ class ClaimPreparer:
         with self._checkpoint.lock:
             loaded = self._checkpoint.load(self._rebuild)
             state = loaded.state
-            dropped = self._settle(state)
-            if dropped:
-                self._checkpoint.drop(dropped)
+            self._drop_settled(state)
             if loaded.rebooted:
                 log.warning(
                     "checkpoint is from an earlier boot driver=%s claims=%d: keeping them; "
@@ -194,7 +214,10 @@ class ClaimPreparer:
                     self.driver,
                     len(state.claims),
                 )
-                self._checkpoint.mark_boot()
+                try:
+                    self._checkpoint.mark_boot()
+                except OSError as exc:  # tried again by the next pass
+                    log.error("cannot record the boot in the checkpoint: %s", exc)
             result = fn(state)
             held = None
             if self._checkpoint.generation != self._held_generation:  # O(claims): on change
@@ -202,8 +225,15 @@ class ClaimPreparer:
                 held = {d.device for c in state.claims.values() for d in c.devices}
         return result, held
 
-    def _settle(self, state: State) -> list[str]:
-        return recovery.settle(state, self.cdi_root, self._metadata.remove_record)
+    def _drop_settled(self, state: State) -> list[str]:
+        """Undo/finish half-done entries. When even recording that fails (disk full) they
+        stay as they are, consistent, and the next pass tries again."""
+        dropped = recovery.settle(state, self.cdi_root, self._metadata.remove_record)
+        try:
+            self._checkpoint.drop(dropped)
+        except OSError as exc:
+            log.error("cannot record settled claims %s in the checkpoint: %s", dropped, exc)
+        return dropped
 
     def _startup(self, state: State) -> None:
         self._checkpoint.remove_temp_files()
@@ -243,7 +273,10 @@ class ClaimPreparer:
             if rec is not None and rec.state == COMPLETED and not rec.recovered:
                 try:
                     out[ref.uid] = prepared_result(self._ensure_spec(state, rec, devices))
-                except (cdi.CdiError, OSError) as exc:
+                except OSError as exc:
+                    why = diskerrors.cdi_dir(self.cdi_root, exc, "cannot re-create its CDI spec")
+                    out[ref.uid] = PrepareResult(error=f"{ref}: {why}")
+                except cdi.CdiError as exc:
                     out[ref.uid] = PrepareResult(error=f"{ref}: {exc}")
                 continue
             got = fetched.get(ref.uid)
@@ -266,10 +299,9 @@ class ClaimPreparer:
                 )
                 rendered = self._render(ref.uid, [c.device for c in chosen]) if chosen else None
                 meta = self._metadata.plan(ref.uid, got, chosen) if self.device_metadata else None
-            except (ClaimError, cdi.CdiError, devicemetadata.MetadataError) as exc:
+            except Exception as exc:  # noqa: BLE001 - one claim's failure is its own
                 holdings.rollback(mark)  # a refused claim blocks none after it in this call
-                msg = str(exc) if isinstance(exc, ClaimError) else f"{ref}: {exc}"
-                out[ref.uid] = PrepareResult(error=msg)
+                out[ref.uid] = PrepareResult(error=self._claim_error(ref, exc))
                 continue
             if rendered is None:  # nothing of ours in this claim: nothing to inject or record
                 out[ref.uid] = PrepareResult()
@@ -302,33 +334,16 @@ class ClaimPreparer:
         if not pending:
             self._checkpoint.flush()  # re-rendered specs (_ensure_spec) become durable
             return out
-        # Phase 1: record intent before any side effect. Not fsync'd: a process crash
-        # keeps it (page cache), and if a power loss drops it, the spec file written next
-        # has no owner and start-up garbage collection removes it: the same end state.
-        self._checkpoint.put((rec for rec, _ in pending.values()), durable=False)
-        self._step("claim-started")
-        # Phase 2: the spec files, each fsync'd; the CDI dir once for all of them.
-        with batched_dir_syncs():
-            for uid, (rec, rendered) in list(pending.items()):
-                try:
-                    cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
-                except (OSError, cdi.CdiError) as exc:
-                    cdi.remove_spec(self.cdi_root, rendered.file_name)
-                    del pending[uid]
-                    self._checkpoint.drop([uid], durable=False)
-                    out[uid] = PrepareResult(error=f"{_who(rec)}: cannot write CDI spec: {exc}")
-                    continue
-                self._step("spec-written")
-                if rec.device_metadata is not None:
-                    pending[uid] = (self._metadata.write_or_drop(rec, devices), rendered)
-        # Phase 3: done, in one durable journal write.
-        completed = [replace(rec, state=COMPLETED) for rec, _ in pending.values()]
-        self._checkpoint.put(completed)
-        for rec in completed:
-            out[rec.uid] = prepared_result(rec)
-            log.info("prepared %s devices=%s", _who(rec), ",".join(d.device for d in rec.devices))
-        self._step("claim-completed")
+        self._writer.commit(state, pending, out, devices)
         return out
+
+    def _claim_error(self, ref: ClaimRef, exc: Exception) -> str:
+        if isinstance(exc, ClaimError):
+            return str(exc)
+        if isinstance(exc, cdi.CdiError | devicemetadata.MetadataError):
+            return f"{ref}: {exc}"
+        log.exception("%s: unexpected error while preparing", ref)
+        return f"{ref}: internal error: {type(exc).__name__}: {exc}"
 
     def _ensure_spec(
         self, state: State, rec: ClaimRecord, devices: Mapping[str, Device]
@@ -361,36 +376,13 @@ class ClaimPreparer:
 
     # --- unprepare -------------------------------------------------------------------
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
-        out: dict[str, str] = {}
-        known = [r for r in refs if r.uid in state.claims]
-        if known:
-            # Not fsync'd (see phase 1 of prepare): losing it leaves the claim completed,
-            # and the kubelet's repeated unprepare finishes the job.
-            marked = [replace(state.claims[r.uid], state=UNPREPARING) for r in known]
-            self._checkpoint.put(marked, durable=False)
-            self._step("claim-unpreparing")
-        dropped: list[str] = []
-        with batched_dir_syncs():  # one fsync of the CDI dir for all removals
-            for ref in refs:
-                rec = state.claims.get(ref.uid)
-                # Unknown UIDs succeed; a stray file of ours for that UID goes too.
-                name = rec.spec_file if rec else cdi.spec_file_name(self.driver, ref.uid)
-                try:
-                    if name and cdi.remove_spec(self.cdi_root, name):
-                        self._step("spec-removed")
-                except OSError as exc:
-                    out[ref.uid] = f"{ref}: cannot remove CDI spec {name}: {exc}"
-                    continue  # stays `unpreparing`; the next lock holder retries
-                try:
-                    self._metadata.remove(ref.namespace, ref.name, ref.uid, rec)
-                except OSError as exc:
-                    out[ref.uid] = f"{ref}: {exc}"
-                    continue
-                if rec is not None:
-                    dropped.append(ref.uid)
-                    log.info("unprepared %s", ref)
-                out[ref.uid] = ""
-        if known:
-            self._checkpoint.drop(dropped)
-            self._step("claim-dropped")
-        return out
+        return unprepare(
+            state,
+            refs,
+            driver=self.driver,
+            checkpoint=self._checkpoint,
+            cdi_root=self.cdi_root,
+            state_dir=self.state_dir,
+            metadata=self._metadata,
+            step=self._step,
+        )

@@ -31,7 +31,7 @@ from typing import Any
 
 from dra_plugin.cdi.rules import validate_spec
 from dra_plugin.devices import Device, is_dns_label
-from dra_plugin.host.files import atomic_write
+from dra_plugin.host.files import SHARED_DIR_MODE, atomic_write, make_dir
 from dra_plugin.kubelet.allocation import Chosen
 from dra_plugin.kubelet.checkpoint import ClaimRecord
 from dra_plugin.kubelet.recovery import who
@@ -47,7 +47,7 @@ CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 CDI_VERSION = "0.5.0"
 FILE_MODE = 0o644
-DIR_MODE = 0o755
+DIR_MODE = SHARED_DIR_MODE  # as the library's
 
 
 class MetadataError(OSError):
@@ -240,9 +240,9 @@ class MetadataFiles:
                 )
             host = self.host_file(rec.namespace, rec.name, req.name)
             try:
-                host.parent.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+                make_dir(host.parent, DIR_MODE)
                 atomic_write(host, self.document(rec, meta, req, devices), FILE_MODE)
-                self.cdi_root.mkdir(parents=True, exist_ok=True)
+                make_dir(self.cdi_root, SHARED_DIR_MODE)
                 atomic_write(self.spec_file(rec.uid, req.name), go_json(spec), FILE_MODE)
             except OSError as exc:
                 raise MetadataError(f"request {req.name}: {exc}") from exc

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from dra_plugin.kubeapi import ApiError, NotFoundError
+from dra_plugin.kubelet.allocation import malformed
 from dra_plugin.kubelet.checkpoint import COMPLETED, CheckpointError
 from dra_plugin.kubelet.contract import ClaimRef
 from dra_plugin.kubelet.store import Checkpoint
@@ -17,7 +18,10 @@ FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 
 async def _one(fetch: FetchClaim, ref: ClaimRef) -> Mapping[str, Any] | str:
     try:
-        return await fetch(ref.namespace, ref.name)
+        got = await fetch(ref.namespace, ref.name)
+        if not isinstance(got, Mapping):  # a string here would read as our error message
+            return str(malformed(str(ref), "the claim", got, "an object"))
+        return got
     except NotFoundError:
         return f"{ref}: not found in the API"
     except ApiError as exc:

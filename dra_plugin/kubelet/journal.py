@@ -84,6 +84,20 @@ def check_header(entry: dict[str, Any], driver: str) -> str:
     return base
 
 
+def read_orphan(path: Path, driver: str) -> list[dict[str, Any]]:
+    """The entries of a journal whose snapshot is gone (whatever its base): [] without
+    one; JournalError when it is damaged or not ours."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    entries = parse(data).entries
+    if not entries:
+        return []
+    check_header(entries[0], driver)
+    return entries[1:]
+
+
 class JournalFile:
     """The journal on disk: which file was applied, up to where; reads and appends."""
 
@@ -147,11 +161,21 @@ class JournalFile:
             try:
                 if self.torn:
                     os.ftruncate(fd, self.end)
+                    self.torn = False
                 view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                if durable:
-                    os.fdatasync(fd)  # also makes earlier unsynced appends durable
+                try:
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    if durable:
+                        os.fdatasync(fd)  # also makes earlier unsynced appends durable
+                except OSError:
+                    # Disk full mid-append: whole lines of it must not count. Cutting back
+                    # needs no space; if even that fails, the rest is a torn line.
+                    try:
+                        os.ftruncate(fd, self.end)
+                    except OSError:
+                        self.torn = True
+                    raise
                 self.unsynced = not durable
             finally:
                 os.close(fd)

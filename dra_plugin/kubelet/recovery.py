@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.kubelet import diskerrors
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
     STARTED,
@@ -29,13 +30,14 @@ from dra_plugin.kubelet.checkpoint import (
     ClaimRecord,
     DeviceRecord,
     State,
+    holder,
 )
 
 log = logging.getLogger(__name__)
 
 
 def who(rec: ClaimRecord) -> str:
-    return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
+    return holder(rec)
 
 
 def settle(
@@ -88,7 +90,11 @@ def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecor
 
 
 def collect_orphans(state: State, cdi_root: Path, driver: str) -> None:
-    removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
+    try:
+        removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
+    except OSError as exc:  # a read-only CDI dir must not stop the daemon: prepares say why
+        log.error("%s", diskerrors.cdi_dir(cdi_root, exc, "cannot remove orphan CDI specs"))
+        removed = []
     for path in removed:
         log.warning("removed orphan CDI spec path=%s", path)
     log.info(

@@ -28,6 +28,7 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from dra_plugin.host.files import PRIVATE_DIR_MODE, make_dir
 from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PrepareResult
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.kubelet.healthservice import HEALTH_SERVICES, add_health_services
@@ -52,7 +53,7 @@ def prepare_socket_path(path: Path) -> None:
     Only sockets are removed; anything else at the path is someone else's file and
     an error, not something to delete.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent, PRIVATE_DIR_MODE)
     try:
         st = path.lstat()
     except FileNotFoundError:

@@ -149,9 +149,34 @@ class Checkpoint:
             assert self._state is not None
             return Loaded(self._state, moved_aside=aside)
         if state is None:
-            self._state = State(self.boot_id)
-            return Loaded(self._state)
+            return self._rebuild_missing(rebuild)
         return Loaded(state, rebooted=state.boot_id != self.boot_id)
+
+    def _rebuild_missing(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
+        """No snapshot: a fresh node, or a deleted file. Our spec files say what was
+        prepared (a journal left without its snapshot adds what it knows, namespace and
+        name included); without any, the record starts empty."""
+        state = State(self.boot_id, rebuild())
+        if not state.claims:
+            self._state = state
+            return Loaded(state)
+        replayed = 0
+        try:
+            entries = journal.read_orphan(self.journal_path, self.driver)
+            apply_entries(state, entries)
+            replayed = len(entries)
+        except (journal.JournalError, CheckpointError, OSError) as exc:
+            log.warning("journal without its snapshot ignored path=%s: %s", self.journal_path, exc)
+        state.boot_id = self.boot_id
+        log.error(
+            "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files "
+            "(%d journal entries replayed) instead of treating them as orphans",
+            self.path,
+            len(state.claims),
+            replayed,
+        )
+        self.save(state)
+        return Loaded(state)
 
     # --- writing -----------------------------------------------------------------------
     def put(self, records: Iterable[ClaimRecord], *, durable: bool = True) -> None:
@@ -211,7 +236,10 @@ class Checkpoint:
         self.generation += 1
         snapshot_size = self._snap[2] if self._snap else 0
         if durable and self._journal.end > max(COMPACT_BYTES, 2 * snapshot_size):
-            self.save(state)
+            try:
+                self.save(state)
+            except OSError as exc:  # the change is recorded; compaction is tried again
+                log.warning("checkpoint compaction failed path=%s error=%s", self.path, exc)
 
     def save(self, state: State, *, durable: bool = True) -> None:
         """Write the whole state as a new snapshot; the journal starts over."""

@@ -88,6 +88,7 @@ class SlicePublisher:
         self._start_rv = ""  # the first list's version: the watch starts there, no re-list
         self._version = ""
         self._tasks: list[asyncio.Task[None]] = []
+        self._failure: dict[str, str] = {}  # the retry reason of a driver's last failure
         self.stats = PublisherStats()
 
     # --- public API ----------------------------------------------------------------------
@@ -168,10 +169,12 @@ class SlicePublisher:
             await self._ensure_ready()
             await self._reconcile(driver, None if listed is None else listed.get(driver, []))
         except ConflictError as exc:
+            self._failure[driver] = exc.reason
             self.stats.conflicts += 1
             log.info("slices conflict driver=%s, re-reading: %s", driver, exc)
             return "conflict"
         except (ApiError, InvalidDeviceError) as exc:
+            self._failure[driver] = exc.reason if isinstance(exc, ApiError) else "invalid"
             self.stats.errors += 1
             self.stats.last_error = f"{driver}: {exc}"
             log.warning("slices reconcile failed driver=%s error=%s", driver, exc)
@@ -188,7 +191,7 @@ class SlicePublisher:
 
     async def _worker(self, driver: str) -> None:
         backoff = Backoff(*self._backoff)
-        conflicts = 0
+        reread = True  # the first conflict since a success is re-read at once
         while True:
             await self._dirty[driver].wait()
             self._dirty[driver].clear()
@@ -197,16 +200,16 @@ class SlicePublisher:
             outcome = await self._reconcile_guarded(driver)
             if outcome == "ok":
                 backoff.reset()
-                conflicts = 0
-            elif outcome == "invalid":
+                reread = True
+                continue
+            if outcome == "invalid":
                 continue  # our own data is bad: retrying cannot help until devices change
-            elif outcome == "conflict" and conflicts < 3:
-                conflicts += 1  # someone else wrote in between: re-read at once
-                self._dirty[driver].set()
-            else:
-                conflicts = 0
-                self._dirty[driver].set()
-                await asyncio.sleep(backoff.next())
+            metrics.api_retry(self._failure.get(driver, "error"))
+            self._dirty[driver].set()
+            if outcome == "conflict" and reread:
+                reread = False  # someone else wrote in between: re-read at once, once;
+                continue  # conflicts that go on (a name taken for good) back off
+            await asyncio.sleep(backoff.next())
 
     async def _reconcile(self, driver: str, existing: list[Obj] | None = None) -> None:
         self.stats.reconciles += 1

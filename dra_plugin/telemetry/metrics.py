@@ -54,6 +54,14 @@ _SLICE_WRITES = Counter(
     ["driver", "verb"],
     registry=REGISTRY,
 )
+_API_RETRIES = Counter(
+    "dra_plugin_api_retries_total",
+    "API requests that failed and are tried again after a backoff, by reason: unavailable "
+    "(no connection, timeout), server_error (5xx), throttled (429), conflict (409), "
+    "invalid (422)",
+    ["reason"],
+    registry=REGISTRY,
+)
 _CDI_ROOT_LISTED = Gauge(
     "dra_plugin_cdi_root_listed",
     "1 when containerd's config lists the CDI root (and CDI is on), 0 when not; absent "
@@ -93,6 +101,10 @@ def set_cdi_root_listed(cdi_root: str, listed: bool) -> None:
 
 def slice_write(driver: str, verb: str) -> None:
     _SLICE_WRITES.labels(driver, verb).inc()
+
+
+def api_retry(reason: str) -> None:
+    _API_RETRIES.labels(reason).inc()
 
 
 def render() -> bytes:

@@ -530,6 +530,15 @@ class _HTTPError(Exception):
         super().__init__(message)
         self.code = code
         self.body = status_body(code, reason, message, details)
+        self.retry_after: float | None = None
+
+
+_FAIL_REASONS = {
+    409: "Conflict",
+    422: "Invalid",
+    429: "TooManyRequests",
+    503: "ServiceUnavailable",
+}
 
 
 class FakeAPIServer:
@@ -564,9 +573,13 @@ class FakeAPIServer:
         self.history = history
         self.oldest_rv = 1  # watches from before this get 410 Expired
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.failing = False
         self.fail_status = 0
         self.fail_until = 0.0
         self.fail_remaining: int | None = None
+        self.fail_method: str | None = None
+        self.fail_retry_after: float | None = None
+        self.failed_at: list[float] = []  # time.monotonic() of each failed answer
         self.invalid: list[tuple[str, list[tuple[str, str]]]] = []  # rejected writes
         # Test hook: called as before_write(method, path) before a write is handled
         # (e.g. to change the object underneath a client and provoke a 409).
@@ -640,18 +653,29 @@ class FakeAPIServer:
 
     # --- test controls ------------------------------------------------------------------
     def fail(
-        self, status: int = 503, *, seconds: float | None = None, times: int | None = None
+        self,
+        status: int = 503,
+        *,
+        seconds: float | None = None,
+        times: int | None = None,
+        method: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
-        """Answer every request with `status` for `seconds` or `times` requests (or until
-        `recover()`)."""
+        """Answer every request (or only `method` ones, e.g. "POST") with `status` for
+        `seconds` or `times` requests (or until `recover()`). Status 0: the server is down
+        behind a proxy: each connection is closed without an answer (and counted, which
+        a refused connection cannot be). `retry_after` adds that Retry-After header."""
         with self.lock:
+            self.failing = True
             self.fail_status = status
             self.fail_until = time.monotonic() + seconds if seconds is not None else float("inf")
             self.fail_remaining = times
+            self.fail_method = method
+            self.fail_retry_after = retry_after
 
     def recover(self) -> None:
         with self.lock:
-            self.fail_status = 0
+            self.failing = False
 
     def add_node(self, name: str, uid: str | None = None) -> Obj:
         node: Obj = {
@@ -758,18 +782,22 @@ class FakeAPIServer:
         self._event("DELETED", obj)
         return obj
 
-    def _check_failure(self) -> int:
+    def _check_failure(self, method: str) -> int | None:
+        """The status to fail this request with (0: close it unanswered); None: serve it."""
         with self.lock:
-            if not self.fail_status:
-                return 0
+            if not self.failing:
+                return None
+            if self.fail_method is not None and method != self.fail_method:
+                return None
             if time.monotonic() >= self.fail_until:
-                self.fail_status = 0
-                return 0
+                self.failing = False
+                return None
             if self.fail_remaining is not None:
                 if self.fail_remaining <= 0:
-                    self.fail_status = 0
-                    return 0
+                    self.failing = False
+                    return None
                 self.fail_remaining -= 1
+            self.failed_at.append(time.monotonic())
             return self.fail_status
 
     # --- resource handlers (return (code, body)) -------------------------------------
@@ -1152,9 +1180,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("PATCH")
 
     # --- plumbing -------------------------------------------------------------------------
-    def _send(self, code: int, body: Obj) -> None:
+    def _send(self, code: int, body: Obj, retry_after: float | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        if retry_after is not None:
+            self.send_header("Retry-After", f"{retry_after:g}")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -1182,14 +1212,20 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else {}
-            status = st._check_failure()
-            if status:
+            status = st._check_failure(method)
+            if status == 0:  # down behind a proxy: the connection closes unanswered
                 self._count("failed", "")
-                raise _HTTPError(
+                self.close_connection = True
+                return
+            if status is not None:
+                self._count("failed", "")
+                err = _HTTPError(
                     status,
-                    "ServiceUnavailable" if status == 503 else "InternalError",
+                    _FAIL_REASONS.get(status, "InternalError"),
                     "the server is currently unable to handle the request",
                 )
+                err.retry_after = st.fail_retry_after
+                raise err
             path = url.path.rstrip("/") or "/"  # the client asks for /apis/<group>/, /version/
             hook = st.before_write
             if hook is not None and method in ("POST", "PUT", "DELETE", "PATCH"):
@@ -1198,7 +1234,7 @@ class _Handler(BaseHTTPRequestHandler):
             if code:
                 self._send(code, result)
         except _HTTPError as err:
-            self._send(err.code, err.body)
+            self._send(err.code, err.body, err.retry_after)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 

@@ -32,7 +32,8 @@ def cp(tmp_path: Path, boot: str = "b1") -> store.Checkpoint:
 
 
 def no_rebuild() -> dict[str, ck.ClaimRecord]:
-    raise AssertionError("rebuild must not be needed")
+    """A node without spec files (a missing record is rebuilt from them: here, empty)."""
+    return {}
 
 
 def test_round_trip_and_file_shape(tmp_path: Path) -> None:
@@ -49,9 +50,12 @@ def test_round_trip_and_file_shape(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
 
 
-def test_missing_file_is_empty(tmp_path: Path) -> None:
-    loaded = cp(tmp_path).load(no_rebuild)
+def test_missing_file_without_spec_files_is_empty(tmp_path: Path) -> None:
+    asked: list[bool] = []
+    loaded = cp(tmp_path).load(lambda: asked.append(True) or {})  # type: ignore[func-returns-value]
     assert loaded.state.claims == {} and loaded.state.boot_id == "b1"
+    assert asked == [True]  # the spec files were looked at
+    assert not (tmp_path / ck.FILE_NAME).exists()  # a fresh node writes nothing yet
 
 
 def test_edited_payload_fails_the_checksum(tmp_path: Path) -> None:

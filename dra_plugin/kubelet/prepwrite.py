@@ -1,0 +1,135 @@
+"""The side effects of a prepare, in three phases, each failure answered per claim.
+
+1. `started` entries, one journal append (not fsync'd);
+2. the spec files (and device metadata), one fsync per file, one per directory;
+3. `completed` entries, one durable append.
+
+A failed append leaves nothing behind (journal.py cuts it back), so a phase-1 failure
+(disk full) means nothing was done. A spec that cannot be written (read-only CDI dir)
+fails its claim only; its `started` entry is dropped unless the file may be half there
+and cannot be removed, which the next pass (or start-up) then undoes. A phase-3 failure
+undoes the pass's claims as a crash would be undone (recovery.settle).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.devices import Device
+from dra_plugin.host.files import batched_dir_syncs
+from dra_plugin.kubelet import diskerrors
+from dra_plugin.kubelet.checkpoint import COMPLETED, ClaimRecord, State
+from dra_plugin.kubelet.contract import PrepareResult, prepared_result
+from dra_plugin.kubelet.devicemetadata import MetadataFiles
+from dra_plugin.kubelet.recovery import who
+from dra_plugin.kubelet.store import Checkpoint
+
+log = logging.getLogger(__name__)
+
+Pending = dict[str, tuple[ClaimRecord, cdi.RenderedSpec]]
+
+
+@dataclass
+class SpecWriter:
+    checkpoint: Checkpoint
+    cdi_root: Path
+    state_dir: Path
+    metadata: MetadataFiles
+    step: Callable[[str], None]
+    settle: Callable[[State], list[str]]  # undo `started` entries; the uids it dropped
+
+    def commit(
+        self,
+        state: State,
+        pending: Pending,
+        out: dict[str, PrepareResult],
+        devices: Mapping[str, Device],
+    ) -> None:
+        # Phase 1: record intent before any side effect. Not fsync'd: a process crash
+        # keeps it (page cache), and if a power loss drops it, the spec file written next
+        # has no owner and start-up garbage collection removes it: the same end state.
+        if not self._record(state, [rec for rec, _ in pending.values()], out, durable=False):
+            return
+        self.step("claim-started")
+        # Phase 2: the spec files, each fsync'd; the CDI dir once for all of them.
+        failed: list[str] = []
+        with batched_dir_syncs():
+            for uid, (rec, rendered) in list(pending.items()):
+                try:
+                    cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+                except (OSError, cdi.CdiError) as exc:
+                    del pending[uid]
+                    out[uid] = PrepareResult(error=self._spec_failed(rec, exc, failed))
+                    continue
+                self.step("spec-written")
+                if rec.device_metadata is not None:
+                    pending[uid] = (self.metadata.write_or_drop(rec, devices), rendered)
+        if failed:
+            try:
+                self.checkpoint.drop(failed, durable=not pending)
+            except OSError as exc:  # they stay `started`; the next pass undoes them
+                log.error("cannot record undone prepares %s: %s", failed, exc)
+        # Phase 3: done, in one durable journal write.
+        completed = [replace(rec, state=COMPLETED) for rec, _ in pending.values()]
+        if not self._record(state, completed, out, durable=True):
+            return
+        for rec in completed:
+            out[rec.uid] = prepared_result(rec)
+            log.info("prepared %s devices=%s", who(rec), ",".join(d.device for d in rec.devices))
+        self.step("claim-completed")
+
+    def _record(
+        self, state: State, recs: list[ClaimRecord], out: dict[str, PrepareResult], durable: bool
+    ) -> bool:
+        """Append `recs`; when that fails (disk full) each of them gets the error."""
+        if not recs:
+            return True
+        try:
+            self.checkpoint.put(recs, durable=durable)
+            return True
+        except OSError as exc:
+            why = diskerrors.state_dir(
+                self.state_dir, exc, "cannot record the prepare in the checkpoint"
+            )
+        undone: list[str] = []
+        if durable:  # after phase 2: `started` entries whose specs were written
+            undone = self.settle(state)
+        for rec in recs:
+            tail = "" if not durable else "; undone" if rec.uid in undone else "; undone later"
+            out[rec.uid] = PrepareResult(error=f"{who(rec)}: {why}{tail}")
+        return False
+
+    def _spec_failed(self, rec: ClaimRecord, exc: Exception, failed: list[str]) -> str:
+        """The error of a spec that could not be written; its `started` entry goes (its uid
+        is added to `failed`) unless the file may be there and cannot be removed."""
+        name = rec.spec_file
+        if isinstance(exc, OSError):
+            msg = diskerrors.cdi_dir(self.cdi_root, exc, f"cannot write CDI spec {name}")
+        else:
+            msg = f"cannot write CDI spec {name}: {exc}"
+        if not self._discard(name):
+            return (
+                f"{who(rec)}: {msg}; the spec file may be half there and cannot be removed "
+                "now: the next call or a restart removes it"
+            )
+        failed.append(rec.uid)
+        return f"{who(rec)}: {msg}"
+
+    def _discard(self, name: str) -> bool:
+        """Remove a spec file; True when it is surely gone (a read-only dir refuses even
+        the removal of a file that was never created)."""
+        try:
+            cdi.remove_spec(self.cdi_root, name)
+            return True
+        except OSError:
+            try:
+                (self.cdi_root / name).lstat()
+            except FileNotFoundError:
+                return True
+            except OSError:
+                return False
+            return False

@@ -1,0 +1,83 @@
+"""Unprepare, in one locked pass: mark `unpreparing`, remove the files, drop the entries.
+
+Every claim gets its own answer: a spec that cannot be removed or a checkpoint that cannot
+be written (disk full) is that claim's error, and the kubelet calls again. What is left is
+consistent: an entry stays `completed` (nothing removed) or `unpreparing` (finished by the
+next pass, see recovery.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.host.files import batched_dir_syncs
+from dra_plugin.kubelet import diskerrors
+from dra_plugin.kubelet.checkpoint import UNPREPARING, State
+from dra_plugin.kubelet.contract import ClaimRef
+from dra_plugin.kubelet.devicemetadata import MetadataFiles
+from dra_plugin.kubelet.store import Checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def unprepare(
+    state: State,
+    refs: list[ClaimRef],
+    *,
+    driver: str,
+    checkpoint: Checkpoint,
+    cdi_root: Path,
+    state_dir: Path,
+    metadata: MetadataFiles,
+    step: Callable[[str], None],
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    known = [r for r in refs if r.uid in state.claims]
+    if known:
+        # Not fsync'd (see phase 1 of prepare): losing it leaves the claim completed,
+        # and the kubelet's repeated unprepare finishes the job.
+        marked = [replace(state.claims[r.uid], state=UNPREPARING) for r in known]
+        try:
+            checkpoint.put(marked, durable=False)
+        except OSError as exc:  # nothing removed: the claims stay prepared
+            why = diskerrors.state_dir(state_dir, exc, "cannot record the unprepare")
+            out.update({r.uid: f"{r}: {why}" for r in known})
+            refs = [r for r in refs if r.uid not in state.claims]
+            known = []
+        else:
+            step("claim-unpreparing")
+    dropped: list[str] = []
+    with batched_dir_syncs():  # one fsync of the CDI dir for all removals
+        for ref in refs:
+            rec = state.claims.get(ref.uid)
+            # Unknown UIDs succeed; a stray file of ours for that UID goes too.
+            name = rec.spec_file if rec else cdi.spec_file_name(driver, ref.uid)
+            try:
+                if name and cdi.remove_spec(cdi_root, name):
+                    step("spec-removed")
+            except OSError as exc:
+                why = diskerrors.cdi_dir(cdi_root, exc, f"cannot remove CDI spec {name}")
+                out[ref.uid] = f"{ref}: {why}"
+                continue  # stays `unpreparing`; the next lock holder retries
+            try:
+                metadata.remove(ref.namespace, ref.name, ref.uid, rec)
+            except OSError as exc:
+                out[ref.uid] = f"{ref}: {exc}"
+                continue
+            if rec is not None:
+                dropped.append(ref.uid)
+                log.info("unprepared %s", ref)
+            out[ref.uid] = ""
+    if known:
+        try:
+            checkpoint.drop(dropped)
+        except OSError as exc:  # `unpreparing` entries: the next pass drops them
+            why = diskerrors.state_dir(state_dir, exc, "files removed, but cannot record it")
+            out.update({r.uid: f"{r}: {why}" for r in known if r.uid in dropped})
+            return out
+        step("claim-dropped")
+    return out
