@@ -108,6 +108,7 @@ class SimCard:
     iommu_group: str | None = None  # <pci>/iommu_group -> .../kernel/iommu_groups/<G>
     vfio_cdev: str | None = None  # iommufd cdev (vfio-dev/vfioN) while VFIO-bound
     cpu_nodes: tuple[dict[str, int], ...] = ()  # the KFD topology's CPU nodes (default: one)
+    bars: tuple[tuple[int, int, int], ...] = ()  # <pci>/resource lines: start, end, flags
 
     @property
     def devpath(self) -> str:
@@ -132,6 +133,20 @@ _ARC_SWITCH = ("0000:00:01.0", "0000:01:00.0", "0000:02:01.0")  # dGPU behind it
 _GEN4_X8 = ("16.0 GT/s PCIe", 8, "16.0 GT/s PCIe", 8)
 _GEN4_X16 = ("16.0 GT/s PCIe", 16, "16.0 GT/s PCIe", 16)
 _GEN5_X16 = ("32.0 GT/s PCIe", 16, "32.0 GT/s PCIe", 16)
+_MEM32, _MEM64_PREF = 0x40200, 0x14220C  # resource flags: 32-bit; 64-bit prefetchable
+_NONE = (0, 0, 0)
+# An A100 SXM4 40GB's BARs: 16 MiB registers, 64 GiB and 32 MiB 64-bit windows (each
+# 64-bit BAR takes two lines), the ROM, then an SR-IOV VF BAR past the six BARs.
+_A100_BARS = (
+    (0xD2000000, 0xD2FFFFFF, _MEM32),
+    (0x38000000000, 0x38FFFFFFFFF, _MEM64_PREF),
+    _NONE,
+    (0x39000000000, 0x39001FFFFFF, _MEM64_PREF),
+    _NONE,
+    _NONE,
+    _NONE,
+    (0x3A000000000, 0x3DFFFFFFFFF, _MEM64_PREF),
+)
 
 CARDS: dict[str, SimCard] = {
     c.key: c
@@ -184,6 +199,18 @@ CARDS: dict[str, SimCard] = {
             link=_GEN4_X8, iommu_group="15", vfio_cdev="vfio0",
         ),
         SimCard("unbound", "0000:05:00.0", "0x56a5", None, bridges=("0000:00:1c.4",)),
+        # An A100 (3D controller) bound to vfio-pci, legacy groups: NVML does not see it.
+        SimCard(
+            "nvidia-vfio", "0000:41:00.0", "0x20b0", "vfio-pci", vendor_id="0x10de",
+            root="pci0000:40", bridges=("0000:40:01.1",), class_id="0x030200", numa_node=0,
+            link=_GEN4_X16, iommu_group="21", bars=_A100_BARS,
+        ),
+        # An Instinct MI210 bound to vfio-pci with the iommufd cdev.
+        SimCard(
+            "amd-vfio", "0000:63:00.0", "0x740f", "vfio-pci", vendor_id="0x1002",
+            root="pci0000:60", bridges=("0000:60:03.1",), class_id="0x038000", numa_node=1,
+            link=_GEN4_X16, iommu_group="30", vfio_cdev="vfio1",
+        ),
         # Radeon RX 7900 XTX (Navi 31), 24 GiB, no partitions. (Its on-board PCIe switch is
         # in doctor's fixture, tests/fakes/hostroot.py: here bus 08 is the NVIDIA card's.)
         SimCard(
@@ -233,7 +260,12 @@ PROFILES: dict[str, tuple[str, ...]] = {
     "vfio": ("vfio",),
     "vfio-all": ("vfio", "xe-vfio"),
     "unbound": ("unbound",),
-    "mixed": tuple(k for k in CARDS if not k.startswith(("amd-", "mi3")) and k != "xe-vfio"),
+    "nvidia-vfio": ("nvidia", "nvidia-vfio"),
+    "mixed": tuple(
+        k
+        for k in CARDS
+        if not k.startswith(("amd-", "mi3")) and k not in ("xe-vfio", "nvidia-vfio")
+    ),
     **{c: tuple(k for k in CARDS if k.startswith(f"{c}-")) for c in amdcaptures.CAPTURES},
 }
 
@@ -564,6 +596,10 @@ class SimNode:
             os.symlink(f"../{vf}", f"{base}/virtfn{i}")
         if card.physfn:
             os.symlink(f"../{card.physfn}", f"{base}/physfn")
+        if card.bars:
+            Path(f"{base}/resource").write_text(
+                "".join(f"0x{a:016x} 0x{b:016x} 0x{f:016x}\n" for a, b, f in card.bars)
+            )
         present = _Present(card, self._add_drm(card))
         self._present[card.pci_address] = present
         if card.amd:

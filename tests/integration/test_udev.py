@@ -73,10 +73,11 @@ def test_profiles_expand() -> None:
     assert [c.key for c in expand_profile(["sriov"])] == ["sriov-pf", "sriov-vf1", "sriov-vf2"]
     # mixed: every card but the AMD APU, MI300X and the capture nodes' Instinct GPUs
     # (tests/integration/test_amd.py, test_amd_captures.py), and the xe-vfio-pci card
-    # (tests/integration/test_vfio_udev.py)
+    # (tests/integration/test_vfio_udev.py) and NVIDIA/AMD vfio-pci cards
+    # (tests/integration/test_vfio_passthrough.py)
     captures = {k for k in CARDS if k.startswith(("mi300x-cpx-", "mi308x-cpx-"))}
     assert len(captures) == 16 and len(expand_profile("mi308x-cpx")) == 8
-    others = {"amd-apu", "amd-mi300x", "xe-vfio"} | captures
+    others = {"amd-apu", "amd-mi300x", "amd-vfio", "xe-vfio", "nvidia-vfio"} | captures
     assert {c.key for c in expand_profile("mixed")} | others == set(CARDS)
     with pytest.raises(KeyError):
         expand_profile("nope")

@@ -168,6 +168,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.nvidia.sharing.shares | quote }}
 - name: NVIDIA_SHARED_MEMORY
   value: {{ .Values.nvidia.sharing.memory | default false | quote }}
+- name: NVIDIA_VFIO
+  value: {{ .Values.nvidia.vfio.enabled | quote }}
 - name: NVIDIA_CDI_STRATEGY
   value: {{ .Values.nvidia.cdiStrategy | quote }}
 - name: NVIDIA_TOOLKIT_CDI_DIRS
@@ -186,6 +188,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.amd.sharing.mode | quote }}
 - name: AMD_SHARES
   value: {{ .Values.amd.sharing.shares | quote }}
+- name: AMD_VFIO
+  value: {{ .Values.amd.vfio.enabled | quote }}
 {{- end }}
 - name: KUBELET_REGISTRAR_DIRECTORY_PATH
   value: {{ .Values.kubelet.registrarDir | quote }}

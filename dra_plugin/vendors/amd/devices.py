@@ -70,15 +70,17 @@ def ras_uncorrectable(sys_path: str) -> dict[str, int]:
     return out
 
 
-def skip_reason(gpu: PciGpu, minors: Minors) -> str | None:
-    """Why an AMD GPU is not published (None: it is)."""
+def skip_reason(gpu: PciGpu, minors: Minors, passthrough: bool = False) -> str | None:
+    """Why an AMD GPU is not published (None: it is); `passthrough`: AMD_VFIO is on."""
     if gpu.driver is None:
         return (
             "no kernel driver bound (load amdgpu; with amdgpu loaded, the card's firmware "
             "is usually missing: install linux-firmware's amdgpu/ files)"
         )
     if gpu.driver in PASSTHROUGH_DRIVERS:
-        return f"bound to {gpu.driver}: reserved for VM passthrough"
+        if passthrough:
+            return None
+        return f"bound to {gpu.driver}: reserved for VM passthrough (AMD_VFIO=true publishes it)"
     if gpu.driver != KERNEL_DRIVER:
         return f"bound to {gpu.driver}, not amdgpu"
     if "render" not in minors:
@@ -101,7 +103,7 @@ def _driver_version(raw: str | None) -> Version | None:
         return None
 
 
-def _product_name(gpu: PciGpu) -> str | None:
+def product_name(gpu: PciGpu) -> str | None:
     # The board's FRU name (Instinct); normalised as the AMD driver does ("_" for spaces).
     raw = attr(gpu.sys_path, "product_name")
     return truncate(raw.replace(" ", "_").replace("(", "").replace(")", "")) if raw else None
@@ -217,7 +219,7 @@ def amd_devices(
     own = gpu_plan.parts[0].kfd if gpu_plan.parts else None
     common: dict[str, AttrValue | None] = {
         # AMD's DRA driver's attributes (its newest names, then older ones kept)
-        "productName": _product_name(gpu),
+        "productName": product_name(gpu),
         "numaNode": int_attr(gpu.sys_path, "numa_node"),  # -1 too, as AMD's driver
         "driverVersion": _driver_version(raw_version),
         "driverVersionFull": truncate(raw_version) if raw_version else None,

@@ -1,5 +1,6 @@
 """AMD GPUs (amdgpu) as one vendor of the registry: DRM devices and partitions found
-through udev and the KFD topology, RAS counters watched for health."""
+through udev and the KFD topology, RAS counters watched for health, and with AMD_VFIO
+GPUs bound to vfio-pci for VM passthrough (vfio.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import Option, Raw, label, number
+from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
-from dra_plugin.vendors.amd import devices
+from dra_plugin.vendors.amd import devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd.doctor import check_amd
 from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
@@ -52,6 +53,15 @@ OPTIONS = (
         "one claim per AMD GPU or partition",
         "several claims share one",
     ),
+    Option(
+        "--amd-vfio",
+        "AMD_VFIO",
+        "also publish AMD GPUs bound to vfio-pci (VM passthrough; type vfio, claims get "
+        "/dev/vfio nodes); drivers are never rebound",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,  # it changes what is published
+    ),
 )
 
 
@@ -61,6 +71,7 @@ class AmdSettings:
     ras_poll_seconds: float = 10.0
     sharing_mode: str = EXCLUSIVE
     shares: int = DEFAULT_SHARES
+    vfio: bool = False  # publish VFIO-bound GPUs
 
     @property
     def sharing(self) -> Sharing | None:
@@ -75,6 +86,7 @@ class AmdVendor(Vendor[AmdSettings]):
     kernel_drivers = (devices.KERNEL_DRIVER,)
     drm_hotplug = True
     kernel_label = devices.KERNEL_DRIVER
+    passthrough_switch = "AMD_VFIO=true"
 
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
@@ -83,7 +95,12 @@ class AmdVendor(Vendor[AmdSettings]):
         mode, shares = parse_shares(AMD, raw)
         key = "amd_ras_poll_seconds"
         poll = float(number(label(raw, key), raw[key], float, 0))
-        return AmdSettings(parse_driver_name(AMD, raw), poll, mode, shares)
+        return AmdSettings(
+            parse_driver_name(AMD, raw), poll, mode, shares, vfio=raw["amd_vfio"] == "true"
+        )
+
+    def passthrough_drivers(self, settings: AmdSettings) -> tuple[str, ...]:
+        return devices.PASSTHROUGH_DRIVERS if settings.vfio else ()
 
     def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:
         snap = scan()
@@ -96,9 +113,14 @@ class AmdVendor(Vendor[AmdSettings]):
             return table[0]
 
         def skip(gpu: PciGpu, minors: Minors) -> str | None:
-            return devices.skip_reason(gpu, minors) or devices.plan(gpu, minors, context()[1]).skip
+            why = devices.skip_reason(gpu, minors, settings.vfio)
+            if why is not None or vfio.is_vfio_bound(gpu):
+                return why
+            return devices.plan(gpu, minors, context()[1]).skip
 
         def build(gpu: PciGpu, minors: Minors) -> list[Device]:
+            if vfio.is_vfio_bound(gpu):  # only reached with AMD_VFIO on
+                return [vfio.vfio_device(gpu, settings.driver_name, devices.product_name(gpu))]
             ids, topo = context()
             missing = devices.plan(gpu, minors, topo).partial
             if missing is not None:
@@ -111,7 +133,8 @@ class AmdVendor(Vendor[AmdSettings]):
                 log.warning("amd gpu pci=%s: %s", gpu.pci_address, gpu.reason)
         _told.clear()
         _told.update({g.pci_address: g.reason for g in (*partial, *skipped)})
-        notes = () if found else ("amd: no AMD GPU bound to amdgpu found under /sys/class/drm",)
+        where = "amdgpu or vfio-pci" if settings.vfio else "amdgpu found under /sys/class/drm"
+        notes = () if found else (f"amd: no AMD GPU bound to {where}",)
         return Discovered(found, notes, (*skipped, *partial))
 
     def monitors(self, settings: AmdSettings, hooks: MonitorHooks) -> list[Monitor]:

@@ -67,6 +67,15 @@ OPTIONS = (
         commands=RUN_DISCOVER,
     ),
     Option(
+        "--nvidia-vfio",
+        "NVIDIA_VFIO",
+        "also publish NVIDIA GPUs bound to vfio-pci (VM passthrough; type vfio, claims get "
+        "/dev/vfio nodes); drivers are never rebound",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,  # it changes what is published
+    ),
+    Option(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
@@ -85,6 +94,7 @@ class NvidiaSettings:
     shares: int = DEFAULT_SHARES
     shared_memory: bool = False
     xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
+    vfio: bool = False  # publish VFIO-bound GPUs (found through udev, not NVML)
 
     @property
     def sharing(self) -> Sharing | None:
@@ -116,4 +126,5 @@ class NvidiaSettings:
             shares=shares,
             shared_memory=raw["nvidia_shared_memory"] == "true",
             xid_ignore=xids,
+            vfio=raw["nvidia_vfio"] == "true",
         )

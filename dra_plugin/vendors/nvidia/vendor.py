@@ -1,4 +1,5 @@
-"""NVIDIA GPUs as one vendor of the registry: found and watched through NVML."""
+"""NVIDIA GPUs as one vendor of the registry: found and watched through NVML, and with
+NVIDIA_VFIO GPUs bound to vfio-pci, found through udev (vfio.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from dra_plugin.cdi.claims import ClaimEdits
 from dra_plugin.devices import Device
 from dra_plugin.doctor.findings import Finding
+from dra_plugin.host.drm import Unpublished
+from dra_plugin.host.udev import DiscoveryError
 from dra_plugin.options import Option, Raw
 from dra_plugin.vendors.base import (
     Discovered,
@@ -19,7 +22,7 @@ from dra_plugin.vendors.base import (
     TelemetryReader,
     Vendor,
 )
-from dra_plugin.vendors.nvidia import cdi, nvml
+from dra_plugin.vendors.nvidia import cdi, nvml, vfio
 from dra_plugin.vendors.nvidia.doctor import check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
@@ -35,6 +38,7 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
     pci_vendor_id = PCI_VENDOR_ID
     kernel_drivers = ("nvidia",)
     kernel_label = "nvidia"
+    passthrough_switch = "NVIDIA_VFIO=true"
 
     def __init__(self) -> None:
         self._plan_reason = ""  # the userspace plan is logged when it changes
@@ -45,19 +49,32 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
     def configure(self, raw: Raw) -> NvidiaSettings:
         return NvidiaSettings.parse(raw)
 
+    def passthrough_drivers(self, settings: NvidiaSettings) -> tuple[str, ...]:
+        return vfio.PASSTHROUGH_DRIVERS if settings.vfio else ()
+
     def discover(self, settings: NvidiaSettings, scan: DrmScan, host_root: Path) -> Discovered:
         nv = nvml.discover_nvidia(settings.driver_root, settings.driver_name)
-        devs = sorted(nv.devices, key=lambda d: d.name)
-        notes: tuple[str, ...] = ()
+        devs = list(nv.devices)
+        notes: list[str] = []
+        skipped: list[Unpublished] = []
+        if settings.vfio:  # only then is udev needed: NVML finds the others
+            try:
+                found, skipped = vfio.discover(scan(), settings.driver_name, host_root)
+                devs += found
+            except DiscoveryError as exc:  # the NVML GPUs are still published
+                notes.append(f"nvidia: VFIO-bound GPUs not discovered: {exc}")
         if nv.error:
-            notes = (f"nvidia: {nv.error}",)
+            notes.append(f"nvidia: {nv.error}")
         elif not nv.devices:
-            notes = ("nvidia: NVML works but reports no GPUs",)
-        return Discovered(tuple(devs), notes)
+            notes.append("nvidia: NVML works but reports no GPUs")
+        return Discovered(tuple(sorted(devs, key=lambda d: d.name)), tuple(notes), tuple(skipped))
 
     def claim_edits(
         self, settings: NvidiaSettings, devices: Sequence[Device], host_root: Path
     ) -> ClaimEdits:
+        vfio.refuse_mixed(devices)
+        if devices and all(vfio.is_vfio(d) for d in devices):
+            return vfio.claim_edits(devices)
         opts = cdi.UserspaceOptions.of(settings, host_root)
         plan = cdi.plan_nvidia(opts, [d.uuid or d.name for d in devices])
         if plan.reason != self._plan_reason:
@@ -67,9 +84,9 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
         return cdi.claim_edits(devices, plan)
 
     def monitors(self, settings: NvidiaSettings, hooks: MonitorHooks) -> list[Monitor]:
-        published = hooks.published()
+        published = tuple(d for d in hooks.published() if not vfio.is_vfio(d))
         if not published:
-            return []  # NVML is not usable or has no GPU: nothing to watch
+            return []  # NVML is not usable or has no GPU (VFIO GPUs are not NVML's)
         return [
             NvmlHealthMonitor(
                 settings.driver_root, published, hooks.report_health, settings.xid_ignore
@@ -86,4 +103,9 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
         return check_nvidia(settings, ctx, PCI_VENDOR_ID.removeprefix("0x"))
 
     def not_published(self, gpu_driver: str | None) -> str:
+        if gpu_driver in vfio.PASSTHROUGH_DRIVERS:
+            return (
+                f"NVIDIA GPU bound to {gpu_driver}: reserved for VM passthrough "
+                f"({self.passthrough_switch} publishes it)"
+            )
         return "NVIDIA GPU: published through NVML by the NVIDIA driver, not through DRM"
