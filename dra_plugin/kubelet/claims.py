@@ -307,11 +307,16 @@ class ClaimPreparer:
         # has no owner and start-up garbage collection removes it: the same end state.
         self._checkpoint.put((rec for rec, _ in pending.values()), durable=False)
         self._step("claim-started")
-        # Phase 2: the spec files, each fsync'd; the CDI dir once for all of them.
+        # Phase 2: the spec files, renamed into place but not fsync'd (nor the CDI dir):
+        # the `completed` line below is the one fsync of a prepare. A process crash keeps
+        # the files (page cache). A power loss is a reboot, and no spec file from an
+        # earlier boot is used as it is: the kubelet prepares the claim again first, which
+        # re-renders it (_ensure_spec: boot ID), or it has no record and start-up garbage
+        # collection removes it (recovery.py). Device metadata files are still fsync'd.
         with batched_dir_syncs():
             for uid, (rec, rendered) in list(pending.items()):
                 try:
-                    cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+                    cdi.write_rendered(self.cdi_root, rendered, durable=False)
                 except (OSError, cdi.CdiError) as exc:
                     cdi.remove_spec(self.cdi_root, rendered.file_name)
                     del pending[uid]
@@ -346,7 +351,7 @@ class ClaimPreparer:
                 )
             chosen.append(dev)
         rendered = self._render(rec.uid, chosen)
-        cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+        cdi.write_rendered(self.cdi_root, rendered, durable=False)  # as in _prepare
         if rec.device_metadata is not None:
             self._metadata.write(rec, devices)  # raises: this claim's error, retried next time
         rec = replace(
