@@ -409,3 +409,13 @@ def test_toolkit_spec_changes_are_seen_despite_the_cache(tmp_path: Path) -> None
     assert nv_cdi.toolkit_devices([tmp_path]) == {"GPU-a", "GPU-b"}
     spec.unlink()
     assert nv_cdi.toolkit_devices([tmp_path]) == set()
+
+
+def test_a_driver_installed_later_is_seen_despite_the_library_cache(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    (root / "usr/lib").mkdir(parents=True)
+    opts = nv_cdi.UserspaceOptions(toolkit_cdi_dirs=(tmp_path / "none",), driver_root=root)
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "device-nodes"
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "device-nodes"  # cached
+    fake_driver_root(root)  # creates usr/lib/x86_64-linux-gnu: usr/lib's mtime changes
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "host-libs"
