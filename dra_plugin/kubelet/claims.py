@@ -307,12 +307,11 @@ class ClaimPreparer:
         # has no owner and start-up garbage collection removes it: the same end state.
         self._checkpoint.put((rec for rec, _ in pending.values()), durable=False)
         self._step("claim-started")
-        # Phase 2: the spec files, renamed into place but not fsync'd (nor the CDI dir):
-        # the `completed` line below is the one fsync of a prepare. A process crash keeps
-        # the files (page cache). A power loss is a reboot, and no spec file from an
-        # earlier boot is used as it is: the kubelet prepares the claim again first, which
-        # re-renders it (_ensure_spec: boot ID), or it has no record and start-up garbage
-        # collection removes it (recovery.py). Device metadata files are still fsync'd.
+        # Phase 2: the spec files, renamed into place, not fsync'd (nor the CDI dir): the
+        # `completed` line below is a prepare's one fsync. A process crash keeps them (page
+        # cache); a power loss is a reboot, and no spec from an earlier boot is used as it
+        # is: the kubelet's re-prepare re-renders it (_ensure_spec: boot ID), or it has no
+        # record and start-up GC removes it (recovery.py). Metadata files are fsync'd.
         with batched_dir_syncs():
             for uid, (rec, rendered) in list(pending.items()):
                 try:
