@@ -6,10 +6,13 @@ their callers re-read and recompute (slices) or log and move on (claim status).
 Blocking client calls run in worker threads (`asyncio.to_thread`).
 
 Plain GETs (claims, nodes: the prepare path) skip the client's per-request work (auth
-settings and host re-evaluated, parameters validated and serialized) and go straight to
-its urllib3 pool with headers computed once; they are recomputed every AUTH_REFRESH_S
-and after a 401, so a rotated in-cluster token (the loader's refresh hook re-reads the
-file) or an exec credential is picked up as client-go does.
+settings and host re-evaluated, parameters validated and serialized): they are sent from
+the event loop by httpget.py, over kept-alive connections set up once from the client's
+configuration (or, for a setup it does not speak, such as a proxy, straight on the
+client's urllib3 pool in a thread). Their headers come from the client, computed once
+and again every AUTH_REFRESH_S and after a 401, so a rotated in-cluster token (the
+loader's refresh hook re-reads the file) or an exec credential is picked up as client-go
+does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
@@ -29,6 +32,7 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from dra_plugin.kubeapi import httpget
 from dra_plugin.kubeapi.errors import (
     TRANSPORT_ERRORS,
     ApiError,
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 AUTH_REFRESH_S = 60.0
+_GET_ERRORS: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, httpget.ProtocolError)
 
 
 class Backoff:
@@ -97,6 +102,14 @@ class Transport:
         self._headers_at = -AUTH_REFRESH_S
         self._urllib3_timeout = urllib3.Timeout(
             connect=self.timeouts.connect, read=self.timeouts.read
+        )
+        ep = httpget.endpoint(api_client.configuration)
+        self._http = (
+            None
+            if ep is None
+            else httpget.AsyncGet(
+                ep, connect_timeout=self.timeouts.connect, read_timeout=self.timeouts.read
+            )
         )
 
     # --- construction ------------------------------------------------------------------
@@ -155,6 +168,8 @@ class Transport:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._http is not None:
+                self._http.close()
             await asyncio.to_thread(self._client.close)
 
     # --- plumbing ----------------------------------------------------------------------
@@ -206,18 +221,51 @@ class Transport:
             raise ApiException(status=resp.status, reason=resp.reason, body=resp.data)
         return resp
 
+    async def _get_json(self, what: str, path: str) -> Obj:
+        """A plain GET of `path` (already quoted), retried as every read."""
+        http = self._http
+        if http is None:
+            return await self._read(what, self._get_path, path)
+
+        async def once() -> Obj:
+            for attempt in (1, 2):
+                headers = self._headers
+                if attempt == 2 or time.monotonic() - self._headers_at >= AUTH_REFRESH_S:
+                    # The client's refresh hooks may read files or run a credential plugin.
+                    headers = await asyncio.to_thread(self._auth_headers, refresh=True)
+                try:
+                    resp = await http.get(path, headers)
+                except _GET_ERRORS as exc:
+                    raise translate(exc, what) from exc
+                if resp.status != 401:
+                    break  # a 401 once: the token may have rotated; fresh headers, once more
+            if not 200 <= resp.status <= 299:
+                body = resp.body.decode("utf-8", "replace")
+                err = ApiException(status=resp.status, reason=resp.reason, body=body)
+                raise translate(err, what) from err
+            try:
+                return json.loads(resp.body) if resp.body else {}
+            except ValueError as exc:
+                raise UnavailableError(f"{what}: response is not JSON") from exc
+
+        return await self._retry(what, once)
+
     async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
         return result
 
     async def _read(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        return await self._retry(
+            what, lambda: asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+        )
+
+    async def _retry(self, what: str, attempt_once: Callable[[], Awaitable[Obj]]) -> Obj:
         backoff = Backoff(self.timeouts.backoff_initial, self.timeouts.backoff_max)
         attempts = max(1, self.timeouts.read_attempts)
         deadline = time.monotonic() + self.timeouts.read_budget
         for attempt in range(1, attempts + 1):
             try:
-                result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
-                return result
+                return await attempt_once()
             except UnavailableError as exc:
                 delay = backoff.next()
                 # Another attempt only if it could still finish (connect + read) in budget.
