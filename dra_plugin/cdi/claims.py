@@ -168,9 +168,19 @@ def write_spec(cdi_dir: Path, file_name: str, spec: Mapping[str, Any]) -> Path:
     errors = validate_spec(spec)
     if errors:
         raise CdiError(f"refusing to write invalid CDI spec {file_name}: {'; '.join(errors)}")
+    return _write(cdi_dir, file_name, spec, durable=True)
+
+
+def write_rendered(cdi_dir: Path, rendered: RenderedSpec, *, durable: bool = True) -> Path:
+    """Write a spec `render_claim_spec` made (and validated) atomically; `durable=False`
+    skips the file and directory fsyncs (atomic_write: a power loss may lose the file)."""
+    return _write(cdi_dir, rendered.file_name, rendered.spec, durable=durable)
+
+
+def _write(cdi_dir: Path, file_name: str, spec: Mapping[str, Any], *, durable: bool) -> Path:
     path = _path(cdi_dir, file_name)
     data = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
-    atomic_write(path, data, SPEC_MODE)
+    atomic_write(path, data, SPEC_MODE, durable=durable)
     return path
 
 

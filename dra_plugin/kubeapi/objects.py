@@ -36,8 +36,8 @@ class ResourceObjects(ResourceDiscovery):
 
         async def get(version: str) -> Obj:
             path = f"/apis/{RESOURCE_GROUP}/{version}/namespaces/{namespace}/{CLAIMS}/{name}"
-            claim = await self._read(
-                f"get ResourceClaim {namespace}/{name}", self._get_path, quote(path), urgent=True
+            claim = await self._get_json(
+                f"get ResourceClaim {namespace}/{name}", quote(path), urgent=True
             )
             return claim_to_v1(claim, version)
 
@@ -77,7 +77,7 @@ class ResourceObjects(ResourceDiscovery):
 
     # --- nodes -------------------------------------------------------------------------
     async def get_node(self, name: str) -> Obj:
-        return await self._read(f"get Node {name}", self._get_path, f"/api/v1/nodes/{name}")
+        return await self._get_json(f"get Node {name}", f"/api/v1/nodes/{quote(name)}")
 
     # --- slices ------------------------------------------------------------------------
     async def list_slices(self, node: str, driver: str | None = None) -> tuple[list[Obj], str]:

@@ -13,10 +13,13 @@ second. A kubelet call's claim GET does not wait for its first try (the API may 
 its success reopens the gate for everyone), only for its retries.
 
 Plain GETs (claims, nodes: the prepare path) skip the client's per-request work (auth
-settings and host re-evaluated, parameters validated and serialized) and go straight to
-its urllib3 pool with headers computed once; they are recomputed every AUTH_REFRESH_S
-and after a 401, so a rotated in-cluster token (the loader's refresh hook re-reads the
-file) or an exec credential is picked up as client-go does.
+settings and host re-evaluated, parameters validated and serialized): they are sent from
+the event loop by httpget.py, over kept-alive connections set up once from the client's
+configuration (or, for a setup it does not speak, such as a proxy, straight on the
+client's urllib3 pool in a thread). Their headers come from the client, computed once
+and again every AUTH_REFRESH_S and after a 401, so a rotated in-cluster token (the
+loader's refresh hook re-reads the file) or an exec credential is picked up as client-go
+does.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
@@ -36,6 +39,7 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from dra_plugin.kubeapi import httpget
 from dra_plugin.kubeapi.errors import (
     TRANSPORT_ERRORS,
     ApiError,
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 AUTH_REFRESH_S = 60.0
+_GET_ERRORS: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, httpget.ProtocolError)
 
 
 class Backoff:
@@ -144,6 +149,14 @@ class Transport:
         self._urllib3_timeout = urllib3.Timeout(
             connect=self.timeouts.connect, read=self.timeouts.read
         )
+        ep = httpget.endpoint(api_client.configuration)
+        self._http = (
+            None
+            if ep is None
+            else httpget.AsyncGet(
+                ep, connect_timeout=self.timeouts.connect, read_timeout=self.timeouts.read
+            )
+        )
 
     # --- construction ------------------------------------------------------------------
     @staticmethod
@@ -201,6 +214,8 @@ class Transport:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._http is not None:
+                self._http.close()
             await asyncio.to_thread(self._client.close)
 
     # --- plumbing ----------------------------------------------------------------------
@@ -254,22 +269,70 @@ class Transport:
             raise exc
         return resp
 
-    async def _gated(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+    async def _gated(self, attempt_once: Callable[[], Awaitable[Obj]]) -> Obj:
         """One request; its outcome moves the shared gate."""
         try:
-            result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+            result = await attempt_once()
         except UnavailableError as exc:
             self.gate.failed(exc)
             raise
         self.gate.ok()
         return result
 
+    def _threaded(
+        self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Callable[[], Awaitable[Obj]]:
+        """One call of the kubernetes client, on a worker thread (it blocks)."""
+
+        async def once() -> Obj:
+            result: Obj = await asyncio.to_thread(self._invoke, what, fn, *args, **kwargs)
+            return result
+
+        return once
+
     async def _write(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
         await self.gate.wait()
-        return await self._gated(what, fn, *args, **kwargs)
+        return await self._gated(self._threaded(what, fn, *args, **kwargs))
 
     async def _read(
         self, what: str, fn: Callable[..., Any], *args: Any, urgent: bool = False, **kwargs: Any
+    ) -> Obj:
+        return await self._retry(what, self._threaded(what, fn, *args, **kwargs), urgent=urgent)
+
+    async def _get_json(self, what: str, path: str, *, urgent: bool = False) -> Obj:
+        """A plain GET of `path` (already quoted), retried as every read."""
+        http = self._http
+        if http is None:
+            return await self._read(what, self._get_path, path, urgent=urgent)
+
+        async def once() -> Obj:
+            for attempt in (1, 2):
+                headers = self._headers
+                if attempt == 2 or time.monotonic() - self._headers_at >= AUTH_REFRESH_S:
+                    # The client's refresh hooks may read files or run a credential plugin.
+                    headers = await asyncio.to_thread(self._auth_headers, refresh=True)
+                try:
+                    resp = await http.get(path, headers)
+                except _GET_ERRORS as exc:
+                    raise translate(exc, what) from exc
+                if resp.status != 401:
+                    break  # a 401 once: the token may have rotated; fresh headers, once more
+            if not 200 <= resp.status <= 299:
+                body = resp.body.decode("utf-8", "replace")
+                err = ApiException(status=resp.status, reason=resp.reason)
+                err.body = body
+                # The client's exceptions carry the headers (Retry-After moves the gate).
+                err.headers = {"Retry-After": resp.headers.get("retry-after", "")}
+                raise translate(err, what) from err
+            try:
+                return json.loads(resp.body) if resp.body else {}
+            except ValueError as exc:
+                raise UnavailableError(f"{what}: response is not JSON") from exc
+
+        return await self._retry(what, once, urgent=urgent)
+
+    async def _retry(
+        self, what: str, attempt_once: Callable[[], Awaitable[Obj]], *, urgent: bool = False
     ) -> Obj:
         """A read, retried on transient failures while it can finish within the budget;
         `urgent` (a kubelet call waits): the first try does not wait for the gate."""
@@ -279,7 +342,7 @@ class Transport:
             if attempt > 1 or not urgent:
                 await self.gate.wait()
             try:
-                return await self._gated(what, fn, *args, **kwargs)
+                return await self._gated(attempt_once)
             except UnavailableError as exc:
                 delay = self.gate.remaining()
                 # Another attempt only if it could still finish (connect + read) in budget.

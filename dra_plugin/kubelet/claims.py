@@ -361,7 +361,7 @@ class ClaimPreparer:
                 )
             chosen.append(dev)
         rendered = self._render(rec.uid, chosen)
-        cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+        cdi.write_rendered(self.cdi_root, rendered, durable=False)  # as in _prepare
         if rec.device_metadata is not None:
             self._metadata.write(rec, devices)  # raises: this claim's error, retried next time
         rec = replace(

@@ -1,7 +1,7 @@
 """The side effects of a prepare, in three phases, each failure answered per claim.
 
 1. `started` entries, one journal append (not fsync'd);
-2. the spec files (and device metadata), one fsync per file, one per directory;
+2. the spec files, renamed into place without fsync (device metadata fsync'd);
 3. `completed` entries, one durable append.
 
 A failed append leaves nothing behind (journal.py cuts it back), so a phase-1 failure
@@ -55,12 +55,16 @@ class SpecWriter:
         if not self._record(state, [rec for rec, _ in pending.values()], out, durable=False):
             return
         self.step("claim-started")
-        # Phase 2: the spec files, each fsync'd; the CDI dir once for all of them.
+        # Phase 2: the spec files, renamed into place, not fsync'd (nor the CDI dir): the
+        # `completed` line below is a prepare's one fsync. A process crash keeps them (page
+        # cache); a power loss is a reboot, and no spec from an earlier boot is used as it
+        # is: the kubelet's re-prepare re-renders it (_ensure_spec: boot ID), or it has no
+        # record and start-up GC removes it (recovery.py). Metadata files are fsync'd.
         failed: list[str] = []
         with batched_dir_syncs():
             for uid, (rec, rendered) in list(pending.items()):
                 try:
-                    cdi.write_spec(self.cdi_root, rendered.file_name, rendered.spec)
+                    cdi.write_rendered(self.cdi_root, rendered, durable=False)
                 except (OSError, cdi.CdiError) as exc:
                     del pending[uid]
                     out[uid] = PrepareResult(error=self._spec_failed(rec, exc, failed))

@@ -11,8 +11,9 @@ so it calls NodePrepareResources again before it restarts the pods that use them
 NodeUnprepareResources once those pods are gone. Keeping the entries keeps device
 ownership right in between; their spec files (in /var/cdi/dynamic, which survives the
 reboot) are re-rendered from the current devices on that re-prepare, because device
-nodes (cardN, minors) may be numbered differently after a boot. Half-done entries are
-undone whatever the boot.
+nodes (cardN, minors) may be numbered differently after a boot. So a spec file never
+has to survive a power loss, and prepare does not fsync it (only the journal line that
+records the claim). Half-done entries are undone whatever the boot.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import random
 import re
 import signal
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -593,6 +594,14 @@ class FakeAPIServer:
         self.claim_owners: dict[tuple[str, str], dict[claim_status_rules.Key, set[str]]] = {}
         self.forbidden: set[tuple[str, str]] = set()
         self.status_gate: threading.Event | None = None
+        # Bearer tokens accepted (None: no authentication); others get 401, as a server
+        # does for a rotated-out service account token.
+        self.tokens: set[str] | None = None
+        # Answer GETs with a chunked body, as a Go server does for bodies over its buffer.
+        self.chunked_gets = False
+        self.connections = 0  # accepted, for keep-alive tests
+        # TLS: (certificate file, key file) to serve HTTPS with.
+        self.tls: tuple[str, str] | None = None
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -607,6 +616,10 @@ class FakeAPIServer:
 
         httpd = ThreadingHTTPServer((self.host, self.port), Handler)
         httpd.daemon_threads = True
+        if self.tls is not None:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self.tls)
+            httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
         self.port = httpd.server_address[1]
         self._httpd = httpd
         self._thread = threading.Thread(
@@ -649,7 +662,7 @@ class FakeAPIServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     # --- test controls ------------------------------------------------------------------
     def fail(
@@ -1157,6 +1170,7 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         with self.server_state.lock:
             self.server_state._conns.add(self.connection)
+            self.server_state.connections += 1
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):
@@ -1186,6 +1200,13 @@ class _Handler(BaseHTTPRequestHandler):
         if retry_after is not None:
             self.send_header("Retry-After", f"{retry_after:g}")
         self.send_header("Content-Type", "application/json")
+        if self.command == "GET" and self.server_state.chunked_gets:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            half = len(data) // 2
+            for part in (data[:half], data[half:], b""):
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+            return
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -1212,6 +1233,10 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         try:
             body = self._body() if method in ("POST", "PUT", "PATCH", "DELETE") else {}
+            auth = self.headers.get("Authorization", "")
+            if st.tokens is not None and auth.removeprefix("Bearer ") not in st.tokens:
+                self._count("unauthorized", "")
+                raise _HTTPError(401, "Unauthorized", "Unauthorized")
             status = st._check_failure(method)
             if status == 0:  # down behind a proxy: the connection closes unanswered
                 self._count("failed", "")

@@ -332,6 +332,21 @@ def test_write_is_atomic_readable_and_validated(tmp_path: Path) -> None:
     assert cdi.remove_spec(tmp_path, path.name) is False  # missing is fine
 
 
+def test_a_rendered_spec_is_written_as_rendered_without_validating_again_or_syncing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = cdi.render_claim_spec(DRIVER, UID_LETTER, [intel_device(0)], max_version="0.8.0")
+    calls: list[str] = []
+    monkeypatch.setattr(cdi, "validate_spec", lambda s: calls.append("validate") or [])
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append("fsync"))
+    path = cdi.write_rendered(tmp_path, r, durable=False)
+    assert json.loads(path.read_text()) == r.spec and path.name == r.file_name
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert calls == []  # render_claim_spec validated it; not durable: no fsync
+    cdi.write_rendered(tmp_path, r)
+    assert calls == ["fsync", "fsync"]  # durable: the file, then the directory
+
+
 def test_listing_and_gc_touch_only_our_files(tmp_path: Path) -> None:
     ours = [uid(1), uid(2), uid(3)]
     for u in ours:
@@ -394,3 +409,13 @@ def test_toolkit_spec_changes_are_seen_despite_the_cache(tmp_path: Path) -> None
     assert nv_cdi.toolkit_devices([tmp_path]) == {"GPU-a", "GPU-b"}
     spec.unlink()
     assert nv_cdi.toolkit_devices([tmp_path]) == set()
+
+
+def test_a_driver_installed_later_is_seen_despite_the_library_cache(tmp_path: Path) -> None:
+    root = tmp_path / "driver"
+    (root / "usr/lib").mkdir(parents=True)
+    opts = nv_cdi.UserspaceOptions(toolkit_cdi_dirs=(tmp_path / "none",), driver_root=root)
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "device-nodes"
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "device-nodes"  # cached
+    fake_driver_root(root)  # creates usr/lib/x86_64-linux-gnu: usr/lib's mtime changes
+    assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "host-libs"

@@ -11,6 +11,7 @@ located (stat/readlink) here, never loaded into this process.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -148,19 +149,25 @@ def _resolve_under(root: Path, path: Path) -> Path | None:
 
 
 def _host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]], list[str]]:
-    # A driver install or upgrade changes the library directories' mtimes.
+    # A driver install or upgrade changes the library directories' mtimes. Checked on
+    # every NVIDIA prepare: plain os.stat on paths joined once (pathlib costs more here).
     stamps: list[object] = [opts.driver_root, opts.host_driver_root]
-    for d in LIBRARY_DIRS:
+    for d in _library_dirs(opts.driver_root):
         try:
-            stamps.append((d, (opts.driver_root / d).stat().st_mtime_ns))
+            stamps.append(os.stat(d).st_mtime_ns)
         except OSError:
-            stamps.append((d, None))
+            stamps.append(None)
     key = tuple(stamps)
     if key not in _LIBRARY_CACHE:
         _LIBRARY_CACHE.clear()  # one driver root per process: keep only the current scan
         _LIBRARY_CACHE[key] = _scan_host_libraries(opts)
     mounts, dirs = _LIBRARY_CACHE[key]
     return list(mounts), list(dirs)
+
+
+@functools.lru_cache(maxsize=4)
+def _library_dirs(root: Path) -> tuple[str, ...]:
+    return tuple(os.path.join(root, d) for d in LIBRARY_DIRS)
 
 
 def _scan_host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]], list[str]]:
