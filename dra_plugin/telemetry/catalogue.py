@@ -25,7 +25,7 @@ class Series:
     name: str  # without PREFIX; counters end in _total
     kind: Literal["gauge", "counter", "info"]  # info: name ends in _info, value 1
     help: str
-    labels: tuple[str, ...] = ()  # beyond DEVICE_LABELS (the README's Metrics table says
+    labels: tuple[str, ...] = ()  # beyond DEVICE_LABELS (docs/metrics.md says
     # where each value comes from, per vendor)
 
 

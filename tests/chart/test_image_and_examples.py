@@ -194,7 +194,7 @@ def _check_talos_patch(docs: list[dict[str, object]]) -> None:
     assert drop_in["op"] == "create"
     toml = tomllib.loads(drop_in["content"])
     runtime = toml["plugins"]["io.containerd.cri.v1.runtime"]
-    assert runtime["cdi_spec_dirs"] == ["/run/cdi", "/var/cdi/static", "/var/cdi/dynamic"]
+    assert runtime["cdi_spec_dirs"] == ["/run/cdi", "/var/cdi/dynamic"]
 
 
 def test_smoke_tests_do_what_they_say() -> None:
