@@ -171,6 +171,9 @@ def test_example_is_valid(path: Path) -> None:
         _check_talos_patch(docs)
         return
     for doc in docs:
+        if doc["apiVersion"].startswith("kubevirt.io/"):
+            _check_kubevirt_vm(doc, docs)  # a CRD: no schema in kubernetes-validate
+            continue
         if doc["apiVersion"].startswith("resource.k8s.io/"):
             assert doc["apiVersion"] == "resource.k8s.io/v1"
         for version in ("1.34.0", "1.35.0"):
@@ -181,6 +184,21 @@ def test_example_is_valid(path: Path) -> None:
                 kubernetes_validate.SchemaNotFoundError,
             ) as err:
                 pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} at {version}: {err.message}")
+
+
+def _check_kubevirt_vm(vm: dict[str, Any], docs: list[dict[str, Any]]) -> None:
+    """KubeVirt's DRA host devices (HostDevicesWithDRA): every hostDevice names a claim of
+    the VMI's resourceClaims and a request of that claim's template, and the template asks
+    for a VFIO class the chart renders."""
+    assert vm["kind"] == "VirtualMachine"
+    spec = vm["spec"]["template"]["spec"]
+    claims = {c["name"]: c for c in spec["resourceClaims"]}
+    templates = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ResourceClaimTemplate"}
+    vfio_classes = {"gpu-vfio.intel.com", "vfio.gpu.nvidia.com"}
+    for dev in spec["domain"]["devices"]["hostDevices"]:
+        template = templates[claims[dev["claimName"]]["resourceClaimTemplateName"]]
+        requests = {r["name"]: r for r in template["spec"]["spec"]["devices"]["requests"]}
+        assert requests[dev["requestName"]]["exactly"]["deviceClassName"] in vfio_classes
 
 
 def _check_talos_patch(docs: list[dict[str, object]]) -> None:
