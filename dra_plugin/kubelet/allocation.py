@@ -43,9 +43,14 @@ class Chosen:
 @dataclass(frozen=True)
 class _Hold:
     uid: str
-    who: str
+    named: str | ClaimRecord  # how messages name the holder; a record is named when needed
     shares: int  # 0: exclusive
     prior: bool  # from the checkpoint: replaced when the same claim is prepared again
+
+    @property
+    def who(self) -> str:
+        # Naming every held claim on each pass would cost O(claims held) string work.
+        return self.named if isinstance(self.named, str) else holder(self.named)
 
 
 @dataclass
@@ -60,17 +65,18 @@ class Holdings:
     def of(cls, records: Iterable[ClaimRecord], sharing: Sharing | None) -> Holdings:
         holdings = cls(sharing)
         for rec in records:
-            who = holder(rec)
             for d in rec.devices:
                 if d.admin_access:
                     continue
                 shares = d.shares if d.share_id is not None else 0
                 if rec.recovered and sharing is not None:
                     shares = 1  # rebuilt from a spec file: the share count is unknown
-                holdings.add(d.device, rec.uid, who, shares, prior=True)
+                holdings.add(d.device, rec.uid, rec, shares, prior=True)
         return holdings
 
-    def add(self, device: str, uid: str, who: str, shares: int, *, prior: bool = False) -> None:
+    def add(
+        self, device: str, uid: str, who: str | ClaimRecord, shares: int, *, prior: bool = False
+    ) -> None:
         self._by_device.setdefault(device, []).append(_Hold(uid, who, shares, prior))
         self._added.append(device)
 
