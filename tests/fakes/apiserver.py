@@ -542,6 +542,13 @@ _FAIL_REASONS = {
 }
 
 
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5; a real API server takes far more pending
+    # connections. A fleet's clients connecting at once would otherwise wait for SYN
+    # retransmits (1 s, 3 s, ...) and time out on the fake, not on anything we do.
+    request_queue_size = 1024
+
+
 class FakeAPIServer:
     """The fake's state plus the HTTP server that serves it."""
 
@@ -614,7 +621,7 @@ class FakeAPIServer:
         class Handler(_Handler):
             server_state = fake
 
-        httpd = ThreadingHTTPServer((self.host, self.port), Handler)
+        httpd = _Server((self.host, self.port), Handler)
         httpd.daemon_threads = True
         if self.tls is not None:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
