@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.floor import Floor
-from bench.node import BenchNode
+from bench.node import BenchNode, settle_status_writes
 from bench.stats import ratio, summarize
 from tests.fakes.cluster import INTEL, NVIDIA, allocated_claim
 from tests.fakes.kubelet import Claim, Plugin
@@ -146,6 +146,7 @@ def burst(node: BenchNode, plugin: Plugin, *, claims: int, rounds: int) -> dict[
     one_prep: list[float] = []
     one_unprep: list[float] = []
     for r in range(rounds * 2):
+        settle_status_writes(node)  # the last round's background writes are not this round's
         batch = [
             _add_claim(
                 node,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.node import BenchNode
+from bench.node import BenchNode, settle_status_writes
 from bench.stats import ratio, summarize
 from tests.fakes.cluster import INTEL, allocated_claim
 from tests.fakes.kubelet import Claim, Plugin
@@ -53,22 +53,6 @@ def _ok(resp: Any, claims: list[Claim]) -> None:
             raise RuntimeError(f"{c.name}: {err}")
 
 
-def _quiesce(node: BenchNode, timeout: float = 120.0, still: float = 1.0) -> None:
-    """Wait until the daemon's background status.devices writes (one per prepared claim,
-    after the answer) have stopped: a backlog of a thousand left from the fill-up would be
-    measured as prepare latency, though it is the fill-up's tail."""
-    deadline = time.monotonic() + timeout
-    last, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        n = node.api.count("patch", "resourceclaims/status")
-        if n != last:
-            last, since = n, time.monotonic()
-        elif time.monotonic() - since >= still:
-            return
-        time.sleep(0.05)
-    raise RuntimeError("status writes did not settle")
-
-
 def run(node: BenchNode, plugin: Plugin, pid: int, *, repeats: int, warmup: int) -> dict[str, Any]:
     held: list[Claim] = []
     levels: dict[str, Any] = {}
@@ -80,7 +64,7 @@ def run(node: BenchNode, plugin: Plugin, pid: int, *, repeats: int, warmup: int)
             ]
             _ok(plugin.prepare(batch), batch)
             held += batch
-        _quiesce(node)
+        settle_status_writes(node)
         prep: list[float] = []
         unprep: list[float] = []
         written: list[float] = []

@@ -114,3 +114,18 @@ class BenchNode:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def settle_status_writes(node: BenchNode, timeout: float = 120.0, still: float = 1.0) -> None:
+    """Wait until the daemon's background status.devices writes (one per prepared claim,
+    after the answer) have stopped, so a measurement does not carry the previous one's."""
+    deadline = time.monotonic() + timeout
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = node.api.count("patch", "resourceclaims/status")
+        if n != last:
+            last, since = n, time.monotonic()
+        elif time.monotonic() - since >= still:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("status writes did not settle")

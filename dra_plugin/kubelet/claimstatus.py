@@ -32,6 +32,7 @@ from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PreparedDevice, Pr
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
+QUIET_SECONDS = 0.05  # how long no prepare must run before status writes start
 
 WRITE_CONCURRENCY = 2  # each write holds a worker thread; prepare needs them more
 READY_REASON = "Prepared"
@@ -115,12 +116,14 @@ class PrepareActivity:
 
     def __init__(self) -> None:
         self._running = 0
+        self.started = 0  # prepares begun so far: a quiet window is one where it stays put
         self.idle = asyncio.Event()
         self.idle.set()
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
         self._running += 1
+        self.started += 1
         self.idle.clear()
         try:
             yield
@@ -201,7 +204,7 @@ class ClaimStatusReporter:
             self._wake.clear()
             # The kubelet's calls go first; a steady stream of them delays writes only so long.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._activity.idle.wait(), self._max_defer)
+                await asyncio.wait_for(self._quiet(), self._max_defer)
             batch = list(self._pending.values())
             self._pending.clear()
             outcomes = await asyncio.gather(
@@ -218,6 +221,16 @@ class ClaimStatusReporter:
                 self._wake.set()
             else:
                 self._done.set()
+
+    async def _quiet(self) -> None:
+        """No prepare running for QUIET_SECONDS: a burst of kubelet calls has gaps between
+        calls, and writes started in one would compete with the calls after it."""
+        while True:
+            await self._activity.idle.wait()
+            began = self._activity.started
+            await asyncio.sleep(QUIET_SECONDS)
+            if self._activity.idle.is_set() and self._activity.started == began:
+                return
 
     async def _write(self, ref: ClaimRef, entries: list[Entry]) -> None:
         async with self._gate:

@@ -93,3 +93,45 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
             (entry,) = srv.get_stored_claim("default", obj["metadata"]["name"])["status"]["devices"]
             assert (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, DEV.name)
             assert entry["data"] == {"pciBusID": "0000:00:00.0", "model": "Arc A770"}
+
+
+def test_writes_wait_for_a_quiet_moment_not_a_gap_in_a_burst(tmp_path: Path) -> None:
+    """Kubelet calls of a burst arrive with short gaps between them: a write must not start
+    in such a gap (QUIET_SECONDS), only once the calls have stopped."""
+    from dra_plugin.kubelet.claimstatus import QUIET_SECONDS
+
+    with FakeAPIServer(versions=("v1",)) as srv:
+        first = srv.add_claim(claim(1, [result(DEV.name, adminAccess=True)]))
+
+        async def go() -> None:
+            api = KubeAPI.from_url(srv.url, timeouts=FAST)
+            for sub in ("state", "cdi"):
+                (tmp_path / sub).mkdir()
+            inner = ClaimPreparer(
+                driver=DRIVER,
+                node_name=NODE,
+                state_dir=tmp_path / "state",
+                cdi_root=tmp_path / "cdi",
+                fetch_claim=api.get_claim,
+                devices=lambda: {DEV.name: DEV},
+                boot_id=lambda: "boot-1",
+            )
+            await inner.startup()
+            activity = PrepareActivity()
+            reporter = ClaimStatusReporter(
+                inner, driver=DRIVER, api=api, devices=lambda: {DEV.name: DEV},
+                activity=activity, max_defer=60,
+            )  # fmt: skip
+            assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
+            # A train of other calls, each separated by a gap shorter than the quiet time.
+            for _ in range(10):
+                await asyncio.sleep(QUIET_SECONDS / 4)
+                with activity.busy():
+                    await asyncio.sleep(0.005)
+                assert srv.count("patch", "resourceclaims/status") == 0
+            assert await reporter.flush(10)  # the train is over: the write goes out
+            assert srv.count("patch", "resourceclaims/status") == 1
+            await reporter.close()
+            await api.close()
+
+        asyncio.run(go())
