@@ -25,34 +25,42 @@ def _failures() -> float:
     return 0.0
 
 
+async def _reporter(
+    tmp_path: Path, srv: FakeAPIServer
+) -> tuple[KubeAPI, ClaimStatusReporter, PrepareActivity]:
+    """The real preparer wrapped by the reporter, the real client against `srv`."""
+    api = KubeAPI.from_url(srv.url, timeouts=FAST)
+    for sub in ("state", "cdi"):
+        (tmp_path / sub).mkdir()
+    inner = ClaimPreparer(
+        driver=DRIVER,
+        node_name=NODE,
+        state_dir=tmp_path / "state",
+        cdi_root=tmp_path / "cdi",
+        fetch_claim=api.get_claim,
+        devices=lambda: {DEV.name: DEV},
+        boot_id=lambda: "boot-1",
+    )
+    await inner.startup()
+    activity = PrepareActivity()
+    reporter = ClaimStatusReporter(
+        inner,
+        driver=DRIVER,
+        api=api,
+        devices=lambda: {DEV.name: DEV},
+        activity=activity,
+        max_defer=60,
+    )
+    return api, reporter, activity
+
+
 def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
     with FakeAPIServer(versions=("v1",)) as srv:
         first = srv.add_claim(claim(1, [result(DEV.name)]))
         second = srv.add_claim(claim(2, [result(DEV.name, adminAccess=True)]))
 
         async def go() -> ClaimStatusReporter:
-            api = KubeAPI.from_url(srv.url, timeouts=FAST)
-            for sub in ("state", "cdi"):
-                (tmp_path / sub).mkdir()
-            inner = ClaimPreparer(
-                driver=DRIVER,
-                node_name=NODE,
-                state_dir=tmp_path / "state",
-                cdi_root=tmp_path / "cdi",
-                fetch_claim=api.get_claim,
-                devices=lambda: {DEV.name: DEV},
-                boot_id=lambda: "boot-1",
-            )
-            await inner.startup()
-            activity = PrepareActivity()
-            reporter = ClaimStatusReporter(
-                inner,
-                driver=DRIVER,
-                api=api,
-                devices=lambda: {DEV.name: DEV},
-                activity=activity,
-                max_defer=60,
-            )
+            api, reporter, activity = await _reporter(tmp_path, srv)
             # While another prepare runs (any driver), writes wait; an unprepare in the
             # meantime drops the claim's queued write.
             with activity.busy():
@@ -104,24 +112,7 @@ def test_writes_wait_for_a_quiet_moment_not_a_gap_in_a_burst(tmp_path: Path) -> 
         first = srv.add_claim(claim(1, [result(DEV.name, adminAccess=True)]))
 
         async def go() -> None:
-            api = KubeAPI.from_url(srv.url, timeouts=FAST)
-            for sub in ("state", "cdi"):
-                (tmp_path / sub).mkdir()
-            inner = ClaimPreparer(
-                driver=DRIVER,
-                node_name=NODE,
-                state_dir=tmp_path / "state",
-                cdi_root=tmp_path / "cdi",
-                fetch_claim=api.get_claim,
-                devices=lambda: {DEV.name: DEV},
-                boot_id=lambda: "boot-1",
-            )
-            await inner.startup()
-            activity = PrepareActivity()
-            reporter = ClaimStatusReporter(
-                inner, driver=DRIVER, api=api, devices=lambda: {DEV.name: DEV},
-                activity=activity, max_defer=60,
-            )  # fmt: skip
+            api, reporter, activity = await _reporter(tmp_path, srv)
             assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
             # A train of other calls, each separated by a gap shorter than the quiet time.
             for _ in range(10):
