@@ -92,7 +92,6 @@ class Timeouts:
     # server that accepts but never answers gives a per-claim error, not DeadlineExceeded.
     read_budget: float = 30.0
     backoff_initial: float = 0.2
-    backoff_max: float = 5.0
     # The shared gate's ceiling while the API keeps failing (client-go's reflectors: 30 s).
     outage_backoff_max: float = 30.0
     retry_after_max: float = 120.0  # a Retry-After longer than this is cut to it

@@ -13,7 +13,7 @@ from dra_plugin.telemetry import metrics
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
 
-FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01, backoff_max=0.05)
+FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
 DEV = intel_device(0)
 
 

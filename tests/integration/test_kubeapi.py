@@ -29,7 +29,7 @@ from dra_plugin.kubeapi import (
 from dra_plugin.slices.build import desired_slices
 from tests.fakes.apiserver import FakeAPIServer
 
-FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02, backoff_max=0.1)
+FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02)
 REPO = Path(__file__).resolve().parents[2]
 
 CLAIM = {

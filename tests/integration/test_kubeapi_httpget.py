@@ -25,7 +25,7 @@ from dra_plugin.kubeapi import (
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.cluster import allocated_claim
 
-FAST = Timeouts(connect=1, read=2, read_attempts=3, backoff_initial=0.02, backoff_max=0.1)
+FAST = Timeouts(connect=1, read=2, read_attempts=3, backoff_initial=0.02)
 NODE = "mini-1"
 
 

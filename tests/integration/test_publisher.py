@@ -19,7 +19,7 @@ from tests.fakes.apiserver import FakeAPIServer
 
 NODE = "mini-1"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
-FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=3, backoff_initial=0.02, backoff_max=0.1)
+FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=3, backoff_initial=0.02)
 
 
 class RecordingAPI(KubeAPI):

@@ -15,7 +15,6 @@ from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
 from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
-from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.amd import devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd.doctor import check_amd
@@ -23,6 +22,7 @@ from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
 from dra_plugin.vendors.amd.ras import RasWatcher
 from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
 from dra_plugin.vendors.base import (
+    BasicSettings,
     Discovered,
     DoctorContext,
     DrmScan,
@@ -66,16 +66,9 @@ OPTIONS = (
 
 
 @dataclass(frozen=True)
-class AmdSettings:
-    driver_name: str = "gpu.amd.com"
+class AmdSettings(BasicSettings):
     ras_poll_seconds: float = 10.0
-    sharing_mode: str = EXCLUSIVE
-    shares: int = DEFAULT_SHARES
     vfio: bool = False  # publish VFIO-bound GPUs
-
-    @property
-    def sharing(self) -> Sharing | None:
-        return Sharing(self.shares) if self.sharing_mode == SHARED else None
 
 
 class AmdVendor(Vendor[AmdSettings]):
@@ -96,7 +89,11 @@ class AmdVendor(Vendor[AmdSettings]):
         key = "amd_ras_poll_seconds"
         poll = float(number(label(raw, key), raw[key], float, 0))
         return AmdSettings(
-            parse_driver_name(AMD, raw), poll, mode, shares, vfio=raw["amd_vfio"] == "true"
+            driver_name=parse_driver_name(AMD, raw),
+            sharing_mode=mode,
+            shares=shares,
+            ras_poll_seconds=poll,
+            vfio=raw["amd_vfio"] == "true",
         )
 
     def passthrough_drivers(self, settings: AmdSettings) -> tuple[str, ...]:

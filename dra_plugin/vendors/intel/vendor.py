@@ -11,8 +11,8 @@ from pathlib import Path
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.options import RUN_DISCOVER, Option, Raw, number
-from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
 from dra_plugin.vendors.base import (
+    BasicSettings,
     Discovered,
     DoctorContext,
     DrmScan,
@@ -66,16 +66,9 @@ OPTIONS = (
 
 
 @dataclass(frozen=True)
-class IntelSettings:
-    driver_name: str = "gpu.intel.com"
-    sharing_mode: str = EXCLUSIVE
-    shares: int = DEFAULT_SHARES
+class IntelSettings(BasicSettings):
     vfio: bool = False  # publish VFIO-bound GPUs
     hang_rule: HangRule = field(default_factory=HangRule)
-
-    @property
-    def sharing(self) -> Sharing | None:
-        return Sharing(self.shares) if self.sharing_mode == SHARED else None
 
 
 class IntelVendor(Vendor[IntelSettings]):
