@@ -179,7 +179,9 @@ def write_rendered(cdi_dir: Path, rendered: RenderedSpec, *, durable: bool = Tru
 
 def _write(cdi_dir: Path, file_name: str, spec: Mapping[str, Any], *, durable: bool) -> Path:
     path = _path(cdi_dir, file_name)
-    data = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+    # Compact, as the CDI library writes its JSON: with `indent` Python's json falls back
+    # to its pure-Python encoder, a quarter of a prepare's CPU per claim. `jq .` reads it.
+    data = json.dumps(spec, sort_keys=True, separators=(",", ":")).encode() + b"\n"
     atomic_write(path, data, SPEC_MODE, durable=durable)
     return path
 

@@ -9,8 +9,12 @@ caller's, computed by the kubernetes client (transport.py). A setup it does not 
 proxy, custom socket options, `assert_hostname` set to a name) makes `for_configuration`
 return None, and the caller keeps the client's own path.
 
-Connections are kept alive and reused, one request at a time each; a reused connection
-that the server closed meanwhile is retried once on a new one (a GET is safe to repeat).
+Connections are kept alive and reused, one request at a time each, and at most
+`max_conns` are open at once: a burst of 64 prepare calls waits a moment for one of
+8 connections instead of opening 64 (TCP and TLS handshakes, a server thread each,
+56 of them closed again). client-go gets the same effect from one multiplexed HTTP/2
+connection. A reused connection that the server closed meanwhile is retried once on a
+new one (a GET is safe to repeat).
 `connect` bounds the connection and TLS handshake, `read` the whole answer.
 """
 
@@ -104,21 +108,31 @@ class _Conn:
 
 
 class AsyncGet:
-    """GETs to one endpoint over kept-alive connections (at most `max_idle` kept)."""
+    """GETs to one endpoint over kept-alive connections, at most `max_conns` at once."""
 
     def __init__(
-        self, ep: Endpoint, *, connect_timeout: float, read_timeout: float, max_idle: int = 8
+        self, ep: Endpoint, *, connect_timeout: float, read_timeout: float, max_conns: int = 8
     ) -> None:
         self.endpoint = ep
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self.max_idle = max_idle
+        self.max_conns = max_conns
         self._idle: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots: asyncio.Semaphore | None = None  # of the loop in _loop
         self.connections_opened = 0  # for tests and benchmarks
 
     async def get(self, path: str, headers: dict[str, str]) -> Response:
-        """One GET; raises OSError (TimeoutError, ssl.SSLError...) or ProtocolError."""
+        """One GET; raises OSError (TimeoutError, ssl.SSLError...) or ProtocolError.
+
+        Waiting for a free connection counts against neither timeout: those bound the
+        server, and a queue of our own callers is not the server being slow."""
+        self._bind()
+        assert self._slots is not None
+        async with self._slots:
+            return await self._get(path, headers)
+
+    async def _get(self, path: str, headers: dict[str, str]) -> Response:
         ep = self.endpoint
         lines = [f"GET {ep.base_path}{path} HTTP/1.1", f"Host: {ep.host_header}"]
         lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() != "host"]
@@ -142,11 +156,14 @@ class AsyncGet:
         except (_ClosedBeforeAnswer, asyncio.IncompleteReadError) as exc:
             raise ConnectionResetError("connection closed before the whole answer") from exc
 
-    def _take(self) -> _Conn | None:
+    def _bind(self) -> None:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # connections belong to the loop that opened them
             self._discard()
             self._loop = loop
+            self._slots = asyncio.Semaphore(self.max_conns)
+
+    def _take(self) -> _Conn | None:
         while self._idle:
             conn = self._idle.pop()
             if not conn.reader.at_eof():
@@ -169,7 +186,7 @@ class AsyncGet:
         except TimeoutError as exc:
             raise TimeoutError(f"no answer within {self.read_timeout} s") from exc
         finally:
-            if keep and len(self._idle) < self.max_idle:
+            if keep:  # at most max_conns exist: all may stay
                 self._idle.append(conn)
             else:
                 conn.close()

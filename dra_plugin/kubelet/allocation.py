@@ -10,12 +10,12 @@ allocation), and the error says which claim holds what.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from dra_plugin.devices import Device
-from dra_plugin.kubelet.checkpoint import ClaimRecord, holder
+from dra_plugin.kubelet.checkpoint import ClaimMap, ClaimRecord, holder
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
 
@@ -55,24 +55,33 @@ class _Hold:
 
 @dataclass
 class Holdings:
-    """Who uses which device: prepared claims, plus those accepted earlier in this call."""
+    """Who uses which device: prepared claims, plus those accepted earlier in this call.
+
+    The prepared claims are read per device, when a device is checked, from the
+    checkpoint's device index (ClaimMap.by_device): building this costs nothing however
+    many claims the node holds."""
 
     sharing: Sharing | None
-    _by_device: dict[str, list[_Hold]] = field(default_factory=dict)
+    prior: Mapping[str, Mapping[str, ClaimRecord]] = field(default_factory=dict)
+    _by_device: dict[str, list[_Hold]] = field(default_factory=dict)  # this call's
     _added: list[str] = field(default_factory=list)  # devices, in the order held
 
     @classmethod
-    def of(cls, records: Iterable[ClaimRecord], sharing: Sharing | None) -> Holdings:
-        holdings = cls(sharing)
-        for rec in records:
+    def of(cls, claims: ClaimMap, sharing: Sharing | None) -> Holdings:
+        return cls(sharing, claims.by_device)
+
+    def _holds(self, device: str) -> list[_Hold]:
+        out: list[_Hold] = []
+        for rec in self.prior.get(device, {}).values():
             for d in rec.devices:
-                if d.admin_access:
+                if d.device != device or d.admin_access:
                     continue
                 shares = d.shares if d.share_id is not None else 0
-                if rec.recovered and sharing is not None:
+                if rec.recovered and self.sharing is not None:
                     shares = 1  # rebuilt from a spec file: the share count is unknown
-                holdings.add(d.device, rec.uid, rec, shares, prior=True)
-        return holdings
+                out.append(_Hold(rec.uid, rec, shares, prior=True))
+        out += self._by_device.get(device, [])
+        return out
 
     def add(
         self, device: str, uid: str, who: str | ClaimRecord, shares: int, *, prior: bool = False
@@ -90,7 +99,8 @@ class Holdings:
 
     def check(self, who: str, uid: str, device: str, share_id: str | None, shares: int) -> None:
         """Raise ClaimError when `uid` may not use `device` as asked."""
-        others = [h for h in self._by_device.get(device, []) if h.uid != uid]
+        holds = self._holds(device)
+        others = [h for h in holds if h.uid != uid]
         exclusive = next((h for h in others if h.shares == 0), None)
         if share_id is None:
             if exclusive is not None:
@@ -112,9 +122,7 @@ class Holdings:
                 f"{who}: device {device} is prepared for exclusive use by {exclusive.who}; "
                 "it cannot also be shared"
             )
-        mine = sum(
-            h.shares for h in self._by_device.get(device, []) if h.uid == uid and not h.prior
-        )
+        mine = sum(h.shares for h in holds if h.uid == uid and not h.prior)
         held = sum(h.shares for h in others) + mine
         if held + shares > self.sharing.shares:
             holders = list(dict.fromkeys(h.who for h in others))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,11 +97,89 @@ def holder(rec: ClaimRecord) -> str:
     return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
 
 
-@dataclass
+class ClaimMap(MutableMapping[str, ClaimRecord]):
+    """uid -> record, plus the two views every locked pass reads, kept up to date on each
+    change: O(devices of the claim) per change instead of a scan of every claim held on
+    every pass (a node with 8 GPUs x 128 shares holds 1,024 claims).
+
+    `unsettled`: the claims `started` or `unpreparing` (what recovery must settle), in
+    the order they became so. `by_device`: device -> uid -> record, every record naming
+    the device (adminAccess included); its keys are the devices held."""
+
+    def __init__(self, items: Mapping[str, ClaimRecord] | None = None) -> None:
+        self._d: dict[str, ClaimRecord] = {}
+        self.unsettled: dict[str, None] = {}
+        self.by_device: dict[str, dict[str, ClaimRecord]] = {}
+        for uid, rec in (items or {}).items():
+            self[uid] = rec
+
+    def __getitem__(self, uid: str) -> ClaimRecord:
+        return self._d[uid]
+
+    def __setitem__(self, uid: str, rec: ClaimRecord) -> None:
+        old = self._d.get(uid)
+        self._d[uid] = rec
+        if rec.state == COMPLETED:
+            self.unsettled.pop(uid, None)
+        else:
+            self.unsettled[uid] = None
+        devices = {d.device for d in rec.devices}
+        if old is not None:
+            self._forget(uid, {d.device for d in old.devices} - devices)
+        for device in devices:  # a replaced record keeps its place among the holders
+            self.by_device.setdefault(device, {})[uid] = rec
+
+    def __delitem__(self, uid: str) -> None:
+        rec = self._d.pop(uid)
+        self.unsettled.pop(uid, None)
+        self._forget(uid, {d.device for d in rec.devices})
+
+    def _forget(self, uid: str, devices: Iterable[str]) -> None:
+        for device in devices:
+            holders = self.by_device.get(device)
+            if holders is not None:
+                holders.pop(uid, None)
+                if not holders:
+                    del self.by_device[device]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._d
+
+    # The dict's own views and lookups: the Mapping mixins would go through __getitem__.
+    def get(self, uid: str, default: Any = None) -> Any:
+        return self._d.get(uid, default)
+
+    def values(self) -> ValuesView[ClaimRecord]:
+        return self._d.values()
+
+    def items(self) -> ItemsView[str, ClaimRecord]:
+        return self._d.items()
+
+    def __repr__(self) -> str:
+        return f"ClaimMap({self._d!r})"
+
+
+@dataclass(init=False)
 class State:
     boot_id: str
-    claims: dict[str, ClaimRecord] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    claims: ClaimMap
+    extra: dict[str, Any]
+
+    def __init__(
+        self,
+        boot_id: str,
+        claims: Mapping[str, ClaimRecord] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.boot_id = boot_id
+        self.claims = claims if isinstance(claims, ClaimMap) else ClaimMap(claims)
+        self.extra = {} if extra is None else extra
 
 
 def _device_json(d: DeviceRecord) -> dict[str, Any]:

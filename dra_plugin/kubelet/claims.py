@@ -114,7 +114,6 @@ class ClaimPreparer:
             self._checkpoint, cdi_root, state_dir, self._metadata, self._step, self._drop_settled
         )
         self.held: set[str] = set()
-        self._held_generation = -1
 
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
@@ -219,10 +218,9 @@ class ClaimPreparer:
                 except OSError as exc:  # tried again by the next pass
                     log.error("cannot record the boot in the checkpoint: %s", exc)
             result = fn(state)
-            held = None
-            if self._checkpoint.generation != self._held_generation:  # O(claims): on change
-                self._held_generation = self._checkpoint.generation
-                held = {d.device for c in state.claims.values() for d in c.devices}
+            held: set[str] | None = set(state.claims.by_device)  # O(devices), not claims
+            if held == self.held:
+                held = None
         return result, held
 
     def _drop_settled(self, state: State) -> list[str]:
@@ -266,7 +264,7 @@ class ClaimPreparer:
         devices: Mapping[str, Device],
     ) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
-        holdings = Holdings.of(state.claims.values(), self.sharing)
+        holdings = Holdings.of(state.claims, self.sharing)
         pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
         for ref in refs:
             rec = state.claims.get(ref.uid)

@@ -27,7 +27,6 @@ from dra_plugin.kubelet import diskerrors
 from dra_plugin.kubelet.checkpoint import (
     COMPLETED,
     STARTED,
-    UNPREPARING,
     ClaimRecord,
     DeviceRecord,
     State,
@@ -49,9 +48,8 @@ def settle(
     `also` removes what else a record owns (device metadata); OSError keeps the entry.
     Returns the claims to drop from `state`; the caller records that."""
     dropped: list[str] = []
-    for uid, rec in list(state.claims.items()):
-        if rec.state not in (STARTED, UNPREPARING):
-            continue
+    for uid in list(state.claims.unsettled):  # not a scan of every claim held
+        rec = state.claims[uid]
         try:
             if rec.spec_file:
                 cdi.remove_spec(cdi_root, rec.spec_file)

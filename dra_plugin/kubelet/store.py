@@ -67,7 +67,6 @@ class Checkpoint:
         self.boot_id = boot_id()
         self._clock = clock
         self.bytes_written = 0  # by this object, for benchmarks and tests
-        self.generation = 0  # bumped whenever the cached state changes
         self._state: State | None = None
         self._snap: tuple[int, int, int] | None = None  # identity of the cached snapshot
         self._base = NO_SNAPSHOT  # checksum of the cached snapshot: the journal's base
@@ -107,13 +106,11 @@ class Checkpoint:
         if snap is None and self._journal.ino is None:
             return None
         self._state = state
-        self.generation += 1
         return state
 
     def _apply(self, state: State, entries: list[dict[str, Any]]) -> None:
         if entries:
             apply_entries(state, entries)
-            self.generation += 1
 
     def read(self) -> State | None:
         """A copy of the stored state (None when there is none); no lock needed.
@@ -233,7 +230,6 @@ class Checkpoint:
             self._snap = _STALE  # what reached the disk is unknown: the next load re-reads
             raise
         change(state)  # before a compaction, which snapshots it
-        self.generation += 1
         snapshot_size = self._snap[2] if self._snap else 0
         if durable and self._journal.end > max(COMPACT_BYTES, 2 * snapshot_size):
             try:
@@ -252,7 +248,6 @@ class Checkpoint:
         self._snap, self._base = self._stat(self.path), decode_snapshot(data, self.driver)[1]
         self._journal.reset()
         self.bytes_written += len(data)
-        self.generation += 1
 
     # --- housekeeping --------------------------------------------------------------------
     def move_aside(self) -> Path:

@@ -80,18 +80,30 @@ class Plugin:
         return dra_v1beta1_pb2_grpc.DRAPluginStub(self.channel), dra_v1beta1_pb2
 
     def prepare(self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT) -> Any:
+        return self.prepare_future(claims, timeout).result()
+
+    def unprepare(self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT) -> Any:
+        return self.unprepare_future(claims, timeout).result()
+
+    def prepare_future(
+        self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT
+    ) -> grpc.Future:
+        """The call started, not awaited: many in flight from one thread, as the
+        kubelet's goroutines make them (no Python thread per call)."""
         stub, pb = self._stub_and_pb()
         req = pb.NodePrepareResourcesRequest(
             claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
         )
-        return stub.NodePrepareResources(req, timeout=timeout)
+        return stub.NodePrepareResources.future(req, timeout=timeout)
 
-    def unprepare(self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT) -> Any:
+    def unprepare_future(
+        self, claims: Sequence[Claim], timeout: float = DRA_CALL_TIMEOUT
+    ) -> grpc.Future:
         stub, pb = self._stub_and_pb()
         req = pb.NodeUnprepareResourcesRequest(
             claims=[pb.Claim(namespace=c.namespace, uid=c.uid, name=c.name) for c in claims]
         )
-        return stub.NodeUnprepareResources(req, timeout=timeout)
+        return stub.NodeUnprepareResources.future(req, timeout=timeout)
 
     def watch_health(self, timeout: float = 10.0) -> Iterator[Any]:
         """The health stream on the version this kubelet chose at registration."""

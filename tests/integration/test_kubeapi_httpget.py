@@ -136,6 +136,42 @@ def test_a_server_that_never_answers_is_a_timeout_inside_the_budget(
         asyncio.run(api.get_claim("default", "c1"))
 
 
+def test_a_burst_of_gets_shares_max_conns_connections(server: FakeAPIServer) -> None:
+    """64 concurrent GETs (a burst of prepare calls) reuse at most max_conns connections
+    instead of opening one each; every caller gets its own answer."""
+    api = api_of(configuration(server.url))
+    assert api._http is not None and api._http.max_conns == 8
+    server.claim_delay = 0.02  # long enough that the callers overlap
+    for i in range(64):
+        server.add_claim(allocated_claim(f"b{i}", [{"request": "gpu", "driver": "d"}]))
+
+    async def main() -> list[str]:
+        got = await asyncio.gather(*(api.get_claim("default", f"b{i}") for i in range(64)))
+        await api.close()
+        return [g["metadata"]["name"] for g in got]
+
+    assert asyncio.run(main()) == [f"b{i}" for i in range(64)]
+    assert api._http.connections_opened == 8 and server.connections == 8
+
+
+def test_waiting_for_a_free_connection_is_not_a_read_timeout(server: FakeAPIServer) -> None:
+    """With one connection, three GETs of 0.25 s each take 0.75 s: longer than the read
+    timeout, yet none times out, because the timeout bounds the server, not our queue."""
+    slow = Timeouts(connect=1, read=0.4, read_attempts=1, read_budget=5.0)
+    api = KubeAPI(kubernetes.client.ApiClient(configuration(server.url)), timeouts=slow)
+    assert api._http is not None
+    api._http.max_conns = 1
+    server.claim_delay = 0.25
+
+    async def main() -> list[str]:
+        got = await asyncio.gather(*(api.get_claim("default", "c1") for _ in range(3)))
+        await api.close()
+        return [g["metadata"]["name"] for g in got]
+
+    assert asyncio.run(main()) == ["c1"] * 3
+    assert server.connections == 1
+
+
 def test_setups_it_does_not_speak_keep_the_clients_own_path(server: FakeAPIServer) -> None:
     proxied = configuration(server.url, proxy="http://proxy.invalid:3128", no_proxy="")
     assert httpget.endpoint(proxied) is None

@@ -322,6 +322,8 @@ def test_write_is_atomic_readable_and_validated(tmp_path: Path) -> None:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert json.loads(path.read_text()) == spec()
+    # One compact line (json's C encoder; with indent it falls back to pure Python).
+    assert path.read_text().count("\n") == 1 and '", "' not in path.read_text()
     assert os.listdir(tmp_path) == [path.name]  # no temp file left
     with pytest.raises(cdi.CdiError, match="invalid CDI spec"):
         cdi.write_spec(tmp_path, "k8s.gpu.intel.com-claim_abd.json", spec(kind="bad"))
