@@ -11,7 +11,8 @@ Modules, by responsibility:
 - `echo_server`: the trivial grpc.aio server the floor calls (a subprocess);
 - `node`: a simulated node around the real daemon (tests.fakes.cluster) for the benches;
 - `claims`: prepare latency, the 64-claim burst and the same 64 in one call;
-- `held`: prepare/unprepare latency and bytes written with 0, 100, 1,000 claims held;
+- `held`: prepare/unprepare latency and bytes written with 0, 100, 1,000 claims held,
+  one node per level, measured interleaved;
 - `startup`: process start to GetInfo and first ResourceSlice, import time, RSS, idle CPU;
 - `scale`: 1,000 devices through the publisher, restart with no change;
 - `fleet`: hundreds of nodes' publishers against one fake API server;

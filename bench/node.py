@@ -23,6 +23,8 @@ INTEL_PROFILE = "intel+degraded+unknown"  # 4 Intel GPUs
 NVML_PROFILE = "bench4"  # 4 NVIDIA GPUs
 DRIVERS = (INTEL, NVIDIA)
 GPUS = 8
+# Intel shared, 128 shares per GPU: the claims burst holds shares, the sharing bench 64+1.
+SHARED_ENV = {"INTEL_SHARING": "shared", "INTEL_SHARES": "128"}
 
 
 def why_unavailable() -> str | None:

@@ -74,7 +74,12 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     "prepare.intel": ("ratio_p50_to_floor",),
     "prepare.nvidia": ("ratio_p50_to_floor",),
     "burst": ("claims", "ratio_burst_to_one_call_p50"),
-    "held": ("prepare_ratio_p50", "unprepare_ratio_p50", "bytes_ratio_p50"),
+    "held": (
+        "prepare_ratio_p50",
+        "unprepare_ratio_p50",
+        "bytes_ratio_p50",
+        "prepare_ratio_paired_p50",
+    ),
     "startup.restart_no_change": ("slice_writes", "requests"),
     "import": ("importtime_daemon_ms",),
     "footprint": ("gpus",),
