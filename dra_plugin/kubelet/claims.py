@@ -129,8 +129,11 @@ class ClaimPreparer:
                 results[ref.uid] = PrepareResult(error=err)
             else:
                 refs[ref.uid] = ref
-        known = await known_completed(self._checkpoint, refs)
-        fetched = await fetch_all(self._fetch, [r for uid, r in refs.items() if uid not in known])
+        with self._commit.arriving():  # a pass about to start waits for these GETs
+            known = await known_completed(self._checkpoint, refs)
+            fetched = await fetch_all(
+                self._fetch, [r for uid, r in refs.items() if uid not in known]
+            )
         if refs:
             job = _Job("prepare", list(refs.values()), fetched)
             got = await self._submit(job, lambda msg: PrepareResult(error=msg))

@@ -152,3 +152,53 @@ def test_concurrent_unprepares_sync_the_cdi_dir_once_per_pass(
     assert got == [{ref(c).uid: ""} for c in claims] and passes <= 2
     assert counter.dirs.count("cdi") == passes and counter.datasyncs == passes
     assert check_consistent(tmp_path, max_shares=N) == {}
+
+
+class SlowApi(FakeApi):
+    """Claim GETs that take a while: `delay[name]` seconds, or until `hold[name]` is set."""
+
+    def __init__(self, claims: list[dict[str, Any]]) -> None:
+        super().__init__(claims)
+        self.delay: dict[str, float] = {}
+        self.hold: dict[str, asyncio.Event] = {}
+
+    async def get_claim(self, namespace: str, name: str) -> Any:
+        if name in self.hold:
+            await self.hold[name].wait()
+        await asyncio.sleep(self.delay.get(name, 0.0))
+        return await super().get_claim(namespace, name)
+
+
+def test_calls_whose_claim_gets_are_in_flight_join_one_pass(tmp_path: Path) -> None:
+    """A burst whose GETs finish one after another is prepared in one pass, as one call
+    carrying the same claims would be: the pass waits while the GETs keep coming."""
+    claims = shared_claims()[:16]
+    api = SlowApi(claims)
+    for i, c in enumerate(claims):
+        api.delay[c["metadata"]["name"]] = 0.002 * i  # a GET ends every 2 ms
+    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(N))
+    asyncio.run(p.startup())
+    before = p._commit.passes
+    answers = asyncio.run(concurrently(p, claims))
+    assert p._commit.passes - before == 1
+    assert all(a[ref(c).uid].error == "" for a, c in zip(answers, claims, strict=True))
+
+
+def test_a_stalled_claim_get_does_not_hold_the_other_calls(tmp_path: Path) -> None:
+    stalled, quick = shared_claims()[:2]
+    api = SlowApi([stalled, quick])
+    api.hold[stalled["metadata"]["name"]] = asyncio.Event()
+    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(N))
+    asyncio.run(p.startup())
+
+    async def main() -> tuple[Any, Any]:
+        slow = asyncio.create_task(p.prepare([ref(stalled)]))
+        await asyncio.sleep(0)  # its GET has started
+        fast = await asyncio.wait_for(p.prepare([ref(quick)]), 5)  # answered meanwhile
+        assert not slow.done()
+        api.hold[stalled["metadata"]["name"]].set()
+        return fast, await slow
+
+    fast, slow = asyncio.run(main())
+    assert fast[ref(quick).uid].error == "" and slow[ref(stalled).uid].error == ""
+    assert p._commit.passes == 3  # start-up, then one pass each
