@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from bench.stats import summarize
@@ -56,6 +57,14 @@ def _requests(srv: FakeAPIServer) -> dict[str, int]:
     return {f"{verb} {res}": n for (verb, res), n in sorted(counted.items()) if n}
 
 
+async def _until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError("timed out waiting for the slice watch")
+        await asyncio.sleep(0.005)
+
+
 async def _one_run(devices: list[Device]) -> dict[str, Any]:
     srv = FakeAPIServer(versions=("v1",)).start()
     try:
@@ -71,6 +80,10 @@ async def _one_run(devices: list[Device]) -> dict[str, Any]:
             if not await pub.wait_synced(60):
                 raise RuntimeError(f"{phase}: not synced: {pub.stats.last_error}")
             elapsed = time.perf_counter() - start
+            # The watch starts after the sync: counted once it reached the server (else
+            # the count depends on timing, and a stopped publisher's late watch request
+            # lands in the next phase).
+            await _until(lambda: srv.count("watch", "resourceslices") >= 1)
             out[phase] = {
                 "seconds": elapsed,
                 "writes": srv.writes(),
