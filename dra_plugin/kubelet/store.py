@@ -91,7 +91,7 @@ class Checkpoint:
                 and self._journal.unchanged_or_grown(jst)
             ):
                 if jst is not None and jst[2] > self._journal.end:  # another instance's
-                    self._apply(self._state, self._journal.read(self._base))
+                    apply_entries(self._state, self._journal.read(self._base))
                 return self._state
             self._state = None
             self._journal.reset()
@@ -100,17 +100,13 @@ class Checkpoint:
                 state, base = decode_snapshot(self.path.read_bytes(), self.driver)
             self._snap, self._base = snap, base
             if jst is not None:
-                self._apply(state, self._journal.read(base))
+                apply_entries(state, self._journal.read(base))
         except journal.JournalError as exc:
             raise CheckpointError(f"{self.journal_path.name}: {exc}") from None
         if snap is None and self._journal.ino is None:
             return None
         self._state = state
         return state
-
-    def _apply(self, state: State, entries: list[dict[str, Any]]) -> None:
-        if entries:
-            apply_entries(state, entries)
 
     def read(self) -> State | None:
         """A copy of the stored state (None when there is none); no lock needed.
