@@ -159,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         + "). Every flag can also be set by the environment variable shown in brackets.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # Not required here: parse() checks for the command after the unknown flags, so that
+    # `dra-plugin --bogus` is told about --bogus, not about a missing command.
+    sub = parser.add_subparsers(dest="command", metavar="command")
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOGS.get(name))
         for o in command_options():
@@ -181,8 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     """Parse argv (without the program name) and env into a validated Config."""
     env = os.environ if env is None else env
-    ns, extra = build_parser().parse_known_args(list(argv))
-    command: str = ns.command
+    parser = build_parser()
+    ns, extra = parser.parse_known_args(list(argv))
+    command: str | None = ns.command
+    if command is None:
+        parser.error(
+            f"unrecognized arguments: {' '.join(extra)}"
+            if extra
+            else "the following arguments are required: command"
+        )
     if extra:  # argparse would blame the top-level parser; the hint belongs to the command
         prog = f"dra-plugin {command}"
         raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")

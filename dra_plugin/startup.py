@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dra_plugin.config import Config, kubeconfig_problem
 from dra_plugin.host import files
-from dra_plugin.kubeapi import ApiError, KubeAPI
+from dra_plugin.kubeapi import ApiError, KubeAPI, NoCredentials
 from dra_plugin.telemetry import metrics
 
 
@@ -39,7 +39,10 @@ def make_dir(path: Path, setting: str, created: list[Path], mode: int) -> None:
 
 
 def remove_created(created: list[Path]) -> None:
-    for d in created:
+    """Remove the directories a failed start created, children before parents: several
+    make_dir calls share parents (every driver's dir sits in the plugins dir), so the order
+    they were recorded in is not an order they can be removed in."""
+    for d in sorted(set(created), key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):  # not empty or already gone: not ours to remove
             d.rmdir()
 
@@ -50,6 +53,8 @@ def api_client(cfg: Config) -> KubeAPI:
         raise StartupError(f"{setting}='{cfg.kubeconfig}' {problem}")
     try:
         return KubeAPI.from_config(cfg)
+    except NoCredentials as exc:  # no setting to blame: it says where it looked
+        raise StartupError(str(exc)) from None
     except ApiError as exc:
         raise StartupError(f"{setting}: cannot configure the API client: {exc}") from None
 

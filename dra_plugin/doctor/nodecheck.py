@@ -138,4 +138,13 @@ def check_modules(host: Host, loaded: set[str] | None) -> list[Finding]:
                 "run doctor on the host or with the host's /proc mounted",
             )
         ]
+    if host.modules_built_in():
+        return [
+            Finding(
+                Status.PASS,
+                "kernel-modules",
+                f"no {host.path('/proc/modules')}: this kernel has no loadable-module "
+                "support, so its drivers are built in (each is looked for under /sys/module)",
+            )
+        ]
     return []

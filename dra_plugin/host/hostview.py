@@ -75,11 +75,18 @@ class Host:
         return "ID=talos" in (self.read("/etc/os-release") or "").splitlines()
 
     def modules(self) -> set[str] | None:
+        """Loaded module names; empty on a kernel without loadable-module support (every
+        driver built in, found under /sys/module); None when the host's /proc is not here."""
         text = self.read("/proc/modules")
         if text is None:
-            return None
+            return set() if self.modules_built_in() else None
         names = {line.split()[0] for line in text.splitlines() if line.strip()}
         return names
+
+    def modules_built_in(self) -> bool:
+        """/proc is the host's (every kernel has /proc/devices) but has no /proc/modules:
+        the kernel was built without loadable-module support."""
+        return self.read("/proc/modules") is None and self.read("/proc/devices") is not None
 
     def module_loaded(self, loaded: set[str], name: str) -> bool:
         # Built-in drivers never show in /proc/modules but do have /sys/module/<name>.

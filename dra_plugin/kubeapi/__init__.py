@@ -33,6 +33,7 @@ from dra_plugin.kubeapi.errors import (
     ExpiredError,
     ForbiddenError,
     InvalidError,
+    NoCredentials,
     NotFoundError,
     UnavailableError,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "ForbiddenError",
     "InvalidError",
     "KubeAPI",
+    "NoCredentials",
     "NotFoundError",
     "Obj",
     "Timeouts",

@@ -18,6 +18,11 @@ class ApiError(Exception):
     reason = "error"  # the label of dra_plugin_api_retries_total when it is retried
 
 
+class NoCredentials(ApiError):
+    """Neither a kubeconfig nor the in-cluster service account: the message says where it
+    looked."""
+
+
 class NotFoundError(ApiError):
     """The object does not exist (HTTP 404)."""
 

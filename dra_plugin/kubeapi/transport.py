@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
 import kubernetes.client
@@ -43,6 +44,7 @@ from dra_plugin.kubeapi import httpget
 from dra_plugin.kubeapi.errors import (
     TRANSPORT_ERRORS,
     ApiError,
+    NoCredentials,
     UnavailableError,
     translate,
 )
@@ -203,12 +205,25 @@ class Transport:
 
     @classmethod
     def from_config(cls, cfg: Config, *, timeouts: Timeouts | None = None) -> Self:
-        """--kubeconfig / KUBECONFIG (read by config) when given, else the service account."""
+        """--kubeconfig / KUBECONFIG (read by config) when given, else the service account,
+        else ~/.kube/config (as kubectl does); none of them: NoCredentials naming all four."""
         path = cfg.kubeconfig
         if path:
             # KUBECONFIG may be a list of files; the first is the one we read.
             return cls.from_kubeconfig(path.split(os.pathsep)[0], timeouts=timeouts)
-        return cls.in_cluster(timeouts=timeouts)
+        try:
+            return cls.in_cluster(timeouts=timeouts)
+        except ApiError as exc:
+            in_cluster = exc.__cause__ or exc
+        home = Path(os.path.expanduser("~/.kube/config"))
+        if home.is_file():
+            return cls.from_kubeconfig(str(home), timeouts=timeouts)
+        raise NoCredentials(
+            "no Kubernetes API credentials; looked for the in-cluster service account "
+            f"({str(in_cluster).strip().rstrip('.')}), --kubeconfig (not given), KUBECONFIG "
+            f"(not set) and {home} (no such file): run in a pod with a service account, or "
+            "point --kubeconfig or KUBECONFIG at a kubeconfig"
+        )
 
     async def close(self) -> None:
         if not self._closed:

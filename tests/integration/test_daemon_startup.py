@@ -78,3 +78,25 @@ def test_metrics_port_in_use(cluster: Cluster) -> None:
     # The directories this attempt created (CDI root, kubelet dirs) are gone again.
     assert not cluster.cdi.exists()
     assert not cluster.registry.exists() and not cluster.plugins.exists()
+
+
+@pytest.mark.parametrize("vendors", ["intel,nvidia", "intel,nvidia,amd"])
+def test_no_credentials_names_where_it_looked_and_leaves_nothing(
+    cluster: Cluster, tmp_path: Path, vendors: str
+) -> None:
+    """No kubeconfig, no service account, no ~/.kube/config: one line naming the four places
+    looked at, and every directory made for the drivers (children of one plugins dir) gone."""
+    home = tmp_path / "home"
+    home.mkdir()
+    daemon = cluster.start_daemon(
+        env={"VENDORS": vendors, "KUBECONFIG": "", "HOME": str(home), "METRICS_PORT": "0"}
+    )
+    assert daemon.proc.wait(30) == 2, daemon.logs()
+    logs = daemon.logs()
+    assert "Traceback" not in logs, logs
+    [line] = [ln for ln in logs.splitlines() if "cannot start" in ln]
+    for place in ("in-cluster service account", "--kubeconfig", "KUBECONFIG", ".kube/config"):
+        assert place in line, line
+    assert "KUBECONFIG:" not in line  # not blamed on a setting nobody set
+    assert not cluster.plugins.exists(), sorted(cluster.plugins.rglob("*"))
+    assert not cluster.registry.exists() and not cluster.cdi.exists()

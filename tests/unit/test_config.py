@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.config import ConfigError, all_options, parse
+from dra_plugin.config import ConfigError, UsageError, all_options, parse
 
 
 def test_env_twins_and_flags_override() -> None:
@@ -118,3 +118,12 @@ def test_every_flag_has_env_twin() -> None:
     assert opts["--kubelet-registrar-directory-path"] == "KUBELET_REGISTRAR_DIRECTORY_PATH"
     assert opts["--kubelet-plugins-directory-path"] == "KUBELET_PLUGINS_DIRECTORY_PATH"
     assert all(env.isupper() for env in opts.values())
+
+
+def test_unknown_flag_before_the_command_is_named() -> None:
+    with pytest.raises(UsageError, match=r"unrecognized arguments: --bogus \(see"):
+        parse(["--bogus"], env={})
+    with pytest.raises(UsageError, match="required: command"):
+        parse([], env={})
+    with pytest.raises(UsageError, match=r"dra-plugin run: unrecognized arguments: --zzz"):
+        parse(["run", "--zzz"], env={"NODE_NAME": "n"})

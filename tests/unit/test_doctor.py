@@ -225,8 +225,25 @@ def test_intel_module_missing_fails_and_builtin_counts(host: HostRoot) -> None:
 
 
 def test_modules_unreadable_warns(host: HostRoot) -> None:
+    # Not the host's /proc at all (no /proc/devices either): doctor runs in the wrong place.
     host.path("proc/modules").unlink()
-    assert one(run(host), "kernel-modules").status is Status.WARN
+    host.path("proc/devices").unlink()
+    f = one(run(host), "kernel-modules")
+    assert f.status is Status.WARN and "run doctor on the host" in f.action
+
+
+def test_kernel_without_module_support_says_built_in(host: HostRoot) -> None:
+    # The host's /proc without /proc/modules: a kernel built without loadable modules.
+    host.path("proc/modules").unlink()
+    f = one(run(host), "kernel-modules")
+    assert f.status is Status.PASS and "built in" in f.found
+    assert "run doctor on the host" not in f.found + f.action
+    # The vendors still check their drivers, under /sys/module.
+    host.pci_gpu("0000:00:02.0", "8086", "7d55")
+    statuses = [f.status for f in only(run(host), "kernel-modules")]
+    assert statuses == [Status.PASS, Status.FAIL]  # built in, but i915 is not there
+    host.dirs("/sys/module/i915")
+    assert [f.status for f in only(run(host), "kernel-modules")] == [Status.PASS, Status.PASS]
 
 
 # --- device-nodes ---------------------------------------------------------------------------
