@@ -1,6 +1,6 @@
 # dra-plugin: Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs.
 #
-# BASE_IMAGE is any Debian bookworm image: python:3.12-slim (the default), or plain
+# BASE_IMAGE is any Debian bookworm image: python:3.12.12-slim-bookworm (the default), or plain
 # Debian (debian:bookworm-slim, or one built locally with debootstrap), which gets
 # Debian's python3. Stage 1 builds the project's wheel and the wheels of its
 # dependencies at the versions constraints.txt pins; stage 2 installs them from that
@@ -37,11 +37,16 @@ RUN --mount=type=secret,id=pip-ca \
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 ARG VERSION=0.1.0
+# SOURCE_TREE: a hash of the build context, set by whoever builds (the image test does).
+# The install step below names it, so a new tree never reuses that layer: a RUN with a
+# bind mount from another stage is cached on its command alone, not on the mounted wheels.
+ARG SOURCE_TREE=unknown
 LABEL org.opencontainers.image.title="dra-plugin" \
       org.opencontainers.image.description="Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}"
+      org.opencontainers.image.base.name="${BASE_IMAGE}" \
+      io.github.dra-plugin.source-tree="${SOURCE_TREE}"
 
 # libudev1: pyudev loads it to discover DRM devices; python3 where the base has none.
 # Not version-pinned on purpose: the Debian release is fixed by the base image, and its
@@ -56,7 +61,8 @@ RUN apt-get update \
 # Install the wheel built from this pyproject (and its dependencies) from stage 1 only;
 # the bind mount keeps the wheels, and pip, out of the image's layers.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python3 -m venv --without-pip /opt/dra-plugin \
+    echo "installing dra-plugin built from source tree ${SOURCE_TREE}" \
+    && python3 -m venv --without-pip /opt/dra-plugin \
     && pip_wheel="$(echo /wheels/pip-*.whl)" \
     && /opt/dra-plugin/bin/python "${pip_wheel}/pip" install --no-cache-dir --no-index \
        --disable-pip-version-check --find-links=/wheels /wheels/dra_plugin-*.whl \

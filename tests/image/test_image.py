@@ -9,7 +9,12 @@ directories mounted as the chart mounts them.
 
 The debootstrap tarball and podman's storage (so the build's layer cache) live in
 /var/tmp/dra-plugin-image-test (DRA_PLUGIN_IMAGE_CACHE overrides), so a rerun takes
-seconds where the first run takes a few minutes. podman runs as in tests/fakes/podman.py:
+seconds where the first run takes a few minutes. That cache is state a fresh machine lacks,
+so nothing here may pass because of it: the build gets the hash of this checkout's build
+context (`SOURCE_TREE`), the image must carry it as a label, and the package installed in
+the image must hash to the checkout's own files. A layer reused from an older checkout (a
+`RUN --mount=from=build` layer is cached on its command text alone, not on the wheels it
+mounts) fails here instead of testing old code. podman runs as in tests/fakes/podman.py:
 in a private mount namespace without the cgroup v2 mount crun refuses on hybrid hosts,
 cgroups disabled, and ulimits a sandbox allows.
 """
@@ -17,6 +22,7 @@ cgroups disabled, and ulimits a sandbox allows.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -38,6 +44,8 @@ import pytest
 
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.cluster import write_kubeconfig
+from tests.fakes.podman import Podman as RuntimePodman
+from tests.fakes.podman import missing_tools as missing_runtime_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -55,11 +63,58 @@ PLUGINS = "/var/lib/kubelet/plugins"
 CDI = "/var/cdi/dynamic"
 
 
+CONTEXT = ("constraints.txt", "pyproject.toml", "README.md", "protos", "dra_plugin")
+SOURCE_LABEL = "io.github.dra-plugin.source-tree"
+
+
 def _unusable(reason: str) -> None:
     """CI must run this test (.ci/setup installs what it needs): fail there, skip elsewhere."""
     if os.environ.get("CI") == "true":
         pytest.fail(reason + " (CI must build and run the image)")
     pytest.skip(reason)
+
+
+def _context_files() -> list[Path]:
+    """The files of the build context (.dockerignore lets only CONTEXT in), sorted."""
+    out: list[Path] = []
+    for name in CONTEXT:
+        top = REPO / name
+        found = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
+        out += [
+            p
+            for p in found
+            if "__pycache__" not in p.parts
+            and not p.name.endswith(".pyc")
+            and not any(part.endswith(".egg-info") for part in p.parts)
+        ]
+    return sorted(out)
+
+
+def source_tree_hash() -> str:
+    """sha256 over the build context's paths and contents: what the image is built from."""
+    h = hashlib.sha256()
+    for p in _context_files():
+        h.update(p.relative_to(REPO).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+# Run inside the image: the installed package's .py files, hashed as package_hash() does.
+PACKAGE_HASH = """
+import hashlib, pathlib, dra_plugin
+root = pathlib.Path(dra_plugin.__file__).parent
+h = hashlib.sha256()
+for p in sorted(root.rglob("*.py")):
+    h.update(p.relative_to(root).as_posix().encode() + b"\\0" + p.read_bytes() + b"\\0")
+print(h.hexdigest())
+"""
+
+
+def package_hash() -> str:
+    root = REPO / "dra_plugin"
+    h = hashlib.sha256()
+    for p in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _debian_mirror() -> str | None:
@@ -186,12 +241,25 @@ def _debootstrap_base(tarball: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def podman() -> Iterator[Podman]:
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        _unusable(f"missing {', '.join(missing)} (.ci/setup installs them)")
+        _unusable(f"missing {', '.join(missing)} (bash .ci/setup --tests installs them)")
     if os.geteuid() != 0:
         _unusable("not root: debootstrap and podman's private mount namespace need root")
+    # Before minutes of debootstrap: can a container start here at all? In a chroot or
+    # without user namespaces podman fails ("cannot change root filesystem propagation").
+    if missing_runtime_tools():
+        _unusable(f"missing {', '.join(missing_runtime_tools())} (bash .ci/setup --tests)")
+    why = RuntimePodman(tmp_path_factory.mktemp("probe")).cannot_run_reason(
+        tmp_path_factory.mktemp("probe-cdi")
+    )
+    if why:
+        _unusable(
+            f"containers cannot run on this machine ({why}); run the image tests where podman "
+            "can start a container: as root on a machine or VM with user and mount "
+            "namespaces, not inside a chroot"
+        )
     CACHE.mkdir(parents=True, exist_ok=True)
     # Several checkouts on one machine share the cache: one builds at a time.
     with open(CACHE / "lock", "w") as lock:
@@ -208,6 +276,7 @@ def podman() -> Iterator[Podman]:
 @pytest.fixture(scope="module")
 def image(podman: Podman) -> str:
     build = ["build", "--network=host", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE]
+    build += ["--build-arg", f"SOURCE_TREE={source_tree_hash()}"]
     ca = _ca_bundle()
     if ca:
         build += ["--secret", f"id=pip-ca,src={ca}"]
@@ -218,6 +287,17 @@ def image(podman: Podman) -> str:
     # Keep the layer cache for reruns, not every build ever made.
     podman("image", "prune", "-f", "--filter", "until=72h")
     return IMAGE
+
+
+def test_the_image_holds_this_checkout(podman: Podman, image: str) -> None:
+    """Built from this source tree, not from a layer cache of an older one."""
+    info = json.loads(podman.check("image", "inspect", image).stdout)[0]
+    labels = info["Config"]["Labels"] or info.get("Labels") or {}
+    assert labels.get(SOURCE_LABEL) == source_tree_hash(), "image built from another tree"
+    r = podman.check(
+        *podman.run_args("--network=none", "--entrypoint", "python3"), image, "-c", PACKAGE_HASH
+    )
+    assert r.stdout.strip() == package_hash(), "the installed package is not this checkout's"
 
 
 def test_the_image_is_built_on_the_debian_base(podman: Podman, image: str) -> None:
@@ -280,7 +360,10 @@ def test_discover_without_gpus(podman: Podman, image: str) -> None:
         "-o",
         "json",
     )
-    assert r.returncode == 0, r.stderr
+    # One exit status for every format (cli.discover, --help, docs/configuration.md): 1
+    # when no GPU is found; json still prints what `run` would publish.
+    assert r.returncode == 1, r.stderr
+    assert "no GPUs found" in r.stderr
     doc = json.loads(r.stdout)
     # The slices `run` would publish: one empty slice per enabled driver.
     assert doc["kind"] == "List"

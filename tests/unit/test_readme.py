@@ -24,9 +24,26 @@ CRI = "io.containerd.cri.v1.runtime"
 
 def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    m = re.search(r"^bash \.ci/setup && (\.venv/bin/python -m pytest[^\n]*)$", README, re.M)
+    m = re.search(
+        r"^bash \.ci/setup --tests && (\.venv/bin/python -m pytest[^\n]*)$", README, re.M
+    )
     assert m, "README must show the test command"
-    assert "bash .ci/setup\n" in ci and m.group(1) in ci.splitlines()
+    assert "bash .ci/setup --tests\n" in ci and m.group(1) in ci.splitlines()
+
+
+def test_readme_demo_command_sets_up_only_what_the_demo_needs() -> None:
+    """The demo's setup is the light one: no test tools (podman, helm, linters)."""
+    assert re.search(r"^bash \.ci/setup && \.venv/bin/python -m demo$", README, re.M)
+
+
+def test_readme_names_the_dockerfiles_default_base() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    m = re.search(r"^ARG BASE_IMAGE=(\S+)$", dockerfile, re.M)
+    assert m, "the Dockerfile has a default BASE_IMAGE"
+    base = m.group(1)
+    for text in (README, dockerfile, (ROOT / "docs" / "configuration.md").read_text()):
+        named = set(re.findall(r"\bpython:[0-9][\w.-]*", text))
+        assert named == {base}, named
 
 
 def test_configuration_documents_every_flag_and_env() -> None:
