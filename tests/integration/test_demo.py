@@ -38,3 +38,9 @@ def test_demo_runs_end_to_end() -> None:
     assert '"kind": "k8s.gpu.intel.com/claim"' in out
     assert "/dev/nvidiactl" in out
     assert "CDI ['" not in out  # CDI IDs are printed flat, not as Python lists
+    # What the README promises the demo shows is what it shows.
+    readme = (ROOT / "README.md").read_text()
+    assert "an Intel iGPU\n# through umockdev, two NVIDIA H200s" in readme
+    assert "Intel Core Ultra iGPU" in out and "2 x NVIDIA H200" in out
+    published = [ln for ln in out.splitlines() if ln.strip().startswith("- gpu-")]
+    assert len(published) == 2 and all("NVIDIA H200" in ln for ln in published), published

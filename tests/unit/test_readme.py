@@ -15,6 +15,7 @@ from dra_plugin.config import all_options
 from dra_plugin.doctor import cdiroot
 from dra_plugin.doctor.findings import Status
 from dra_plugin.kubeapi.discovery import RESOURCE_VERSIONS
+from dra_plugin.vendors import registry
 from tests.fakes.hostroot import host_root
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,9 +25,7 @@ CRI = "io.containerd.cri.v1.runtime"
 
 def test_readme_test_command_is_what_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
-    m = re.search(
-        r"^bash \.ci/setup --tests && (\.venv/bin/python -m pytest[^\n]*)$", README, re.M
-    )
+    m = re.search(r"^bash \.ci/setup --tests && (\.venv/bin/python -m pytest[^\n]*)$", README, re.M)
     assert m, "README must show the test command"
     assert "bash .ci/setup --tests\n" in ci and m.group(1) in ci.splitlines()
 
@@ -112,3 +111,28 @@ def test_readme_links_every_doc() -> None:
     linked = set(re.findall(r"\]\((docs/[a-z-]+\.md)(?:#[a-z-]+)?\)", README))
     on_disk = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
     assert linked == on_disk
+
+
+def test_every_helm_install_goes_to_a_privileged_namespace() -> None:
+    """The plugin uses hostPath volumes: each documented install names a namespace that the
+    same text labels for the privileged Pod Security level (or lets the chart make it)."""
+    docs = {"README.md": README}
+    docs |= {f"docs/{p.name}": p.read_text() for p in (ROOT / "docs").glob("*.md")}
+    checked = 0
+    for name, text in docs.items():
+        for m in re.finditer(r"helm install \S+ charts/dra-plugin([^`]*?)(?:```|`)", text, re.S):
+            ns = re.search(r"-n (\S+)", m.group(1))
+            assert ns, f"{name}: `helm install{m.group(1)[:60]}` names no namespace"
+            before = text[: m.start()]
+            label = f"kubectl label namespace {ns[1]} pod-security.kubernetes.io/enforce=privileged"
+            assert label in before or "namespace.create=true" in m.group(1), (name, ns[1])
+            checked += 1
+    assert checked >= 4  # README and the three migrations
+
+
+def test_descriptions_name_every_vendor() -> None:
+    chart = yaml.safe_load((ROOT / "charts" / "dra-plugin" / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for description in (chart["description"], project["description"]):
+        for vendor in registry.VENDORS:
+            assert vendor.title in description, (vendor.title, description)
