@@ -32,21 +32,17 @@ COPY dra_plugin/ dra_plugin/
 # secret `pip-ca` (`--secret id=pip-ca,src=/etc/ssl/certs/ca-certificates.crt`).
 RUN --mount=type=secret,id=pip-ca \
     if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && /opt/build/bin/pip wheel --wheel-dir /wheels pip .
+    && /opt/build/bin/pip wheel --wheel-dir /wheels pip . \
+    && sha256sum /wheels/*.whl >/wheels/SHA256SUMS
 
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 ARG VERSION=0.1.0
-# SOURCE_TREE: a hash of the build context, set by whoever builds (the image test does).
-# The install step below names it, so a new tree never reuses that layer: a RUN with a
-# bind mount from another stage is cached on its command alone, not on the mounted wheels.
-ARG SOURCE_TREE=unknown
 LABEL org.opencontainers.image.title="dra-plugin" \
       org.opencontainers.image.description="Kubernetes DRA kubelet plugin for Intel, NVIDIA and AMD GPUs" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      io.github.dra-plugin.source-tree="${SOURCE_TREE}"
+      org.opencontainers.image.base.name="${BASE_IMAGE}"
 
 # libudev1: pyudev loads it to discover DRM devices; python3 where the base has none.
 # Not version-pinned on purpose: the Debian release is fixed by the base image, and its
@@ -59,10 +55,13 @@ RUN apt-get update \
     && apt-get clean && rm -rf /var/lib/apt/lists/*
 
 # Install the wheel built from this pyproject (and its dependencies) from stage 1 only;
-# the bind mount keeps the wheels, and pip, out of the image's layers.
+# the bind mount keeps the wheels, and pip, out of the image's layers. The wheels' checksums
+# are copied first, and kept as a record of what was installed: podman/buildah caches a RUN
+# with a bind mount from another stage on its command text alone, so without this layer a
+# rebuild after a code change reused the old install and shipped the old code.
+COPY --from=build /wheels/SHA256SUMS /opt/dra-plugin/wheels.sha256
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    echo "installing dra-plugin built from source tree ${SOURCE_TREE}" \
-    && python3 -m venv --without-pip /opt/dra-plugin \
+    python3 -m venv --without-pip /opt/dra-plugin \
     && pip_wheel="$(echo /wheels/pip-*.whl)" \
     && /opt/dra-plugin/bin/python "${pip_wheel}/pip" install --no-cache-dir --no-index \
        --disable-pip-version-check --find-links=/wheels /wheels/dra_plugin-*.whl \
@@ -75,5 +74,9 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
 ENV PATH=/opt/dra-plugin/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
+# SOURCE_TREE: a hash of the build context, set by whoever builds (the image test does, and
+# checks it). Last, so that a new value rebuilds nothing but this label.
+ARG SOURCE_TREE=unknown
+LABEL io.github.dra-plugin.source-tree="${SOURCE_TREE}"
 ENTRYPOINT ["dra-plugin"]
 CMD ["run"]

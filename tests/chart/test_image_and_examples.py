@@ -70,8 +70,15 @@ def test_image_installs_the_wheel_of_this_pyproject_and_nothing_else() -> None:
         assert needed in build_copies, f"the build stage does not COPY {needed}"
     build_runs = [args for word, args in build if word == "RUN"]
     assert any(
-        re.search(r"/opt/build/bin/pip wheel --wheel-dir /wheels pip \.$", r) for r in build_runs
+        re.search(r"/opt/build/bin/pip wheel --wheel-dir /wheels pip \. ", r) for r in build_runs
     )
+    # ... and records their checksums, which the final stage copies before installing, so
+    # a changed wheel never reuses a cached install layer.
+    assert any("sha256sum /wheels/*.whl >/wheels/SHA256SUMS" in r for r in build_runs)
+    copies = [args for word, args in final if word == "COPY"]
+    assert "--from=build /wheels/SHA256SUMS /opt/dra-plugin/wheels.sha256" in copies
+    install_at = next(i for i, (w, a) in enumerate(final) if w == "RUN" and "pip" in a)
+    assert final.index(("COPY", copies[0])) < install_at
 
     # The final stage installs that wheel, from /wheels only, with pip's cache off, into
     # a venv (Debian's python3 refuses system-wide installs) that comes first on PATH.

@@ -12,9 +12,10 @@ The debootstrap tarball and podman's storage (so the build's layer cache) live i
 seconds where the first run takes a few minutes. That cache is state a fresh machine lacks,
 so nothing here may pass because of it: the build gets the hash of this checkout's build
 context (`SOURCE_TREE`), the image must carry it as a label, and the package installed in
-the image must hash to the checkout's own files. A layer reused from an older checkout (a
-`RUN --mount=from=build` layer is cached on its command text alone, not on the wheels it
-mounts) fails here instead of testing old code. podman runs as in tests/fakes/podman.py:
+the image must hash to the checkout's own files. A layer reused from an older checkout
+fails here instead of testing old code: podman caches a `RUN --mount=from=build` layer on
+its command text alone, not on the wheels it mounts, which is how an image of older code
+once passed here (the Dockerfile now copies the wheels' checksums in before that step). podman runs as in tests/fakes/podman.py:
 in a private mount namespace without the cgroup v2 mount crun refuses on hybrid hosts,
 cgroups disabled, and ulimits a sandbox allows.
 """
