@@ -15,9 +15,10 @@ context (`SOURCE_TREE`), the image must carry it as a label, and the package ins
 the image must hash to the checkout's own files. A layer reused from an older checkout
 fails here instead of testing old code: podman caches a `RUN --mount=from=build` layer on
 its command text alone, not on the wheels it mounts, which is how an image of older code
-once passed here (the Dockerfile now copies the wheels' checksums in before that step). podman runs as in tests/fakes/podman.py:
-in a private mount namespace without the cgroup v2 mount crun refuses on hybrid hosts,
-cgroups disabled, and ulimits a sandbox allows.
+once passed here (the Dockerfile now copies the wheels' checksums in before that step).
+
+podman runs as in tests/fakes/podman.py: in a private mount namespace without the cgroup
+v2 mount crun refuses on hybrid hosts, cgroups disabled, and ulimits a sandbox allows.
 """
 
 from __future__ import annotations
