@@ -42,15 +42,6 @@ PLUGIN_TYPE = "DRAPlugin"
 
 _T = TypeVar("_T")
 
-# Calls from our own /healthz carry this metadata key: they are answered without touching
-# the claim handler and left out of dra_plugin_rpc_*, which count only the kubelet's calls.
-PROBE_KEY = "x-dra-plugin-probe"
-_PROBE = ((PROBE_KEY, "healthz"),)
-
-
-def _is_probe(context: Any) -> bool:
-    return any(key == PROBE_KEY for key, _ in context.invocation_metadata() or ())
-
 
 class ServerError(RuntimeError):
     """A socket could not be prepared or served."""
@@ -131,8 +122,6 @@ class _DRAServicer:
 
     async def NodePrepareResources(self, request: Any, context: Any) -> Any:
         claims = _claims(request)
-        if not claims and _is_probe(context):
-            return self._pb.NodePrepareResourcesResponse()  # served, and not a prepare
 
         async def call() -> Any:
             results = await self._handler.prepare(claims)
@@ -190,8 +179,7 @@ class _RegistrationServicer:
         self.registered = asyncio.Event()
 
     async def GetInfo(self, request: Any, context: Any) -> pluginregistration_pb2.PluginInfo:
-        if not _is_probe(context):
-            metrics.observe_rpc("registration/GetInfo", "OK", 0.0)
+        metrics.observe_rpc("registration/GetInfo", "OK", 0.0)
         return pluginregistration_pb2.PluginInfo(
             type=PLUGIN_TYPE,
             name=self._driver,
@@ -290,20 +278,17 @@ class DriverServer:
 
 
 async def get_info(socket_path: Path, timeout: float = 1.0) -> pluginregistration_pb2.PluginInfo:
-    """Call GetInfo on a registration socket as /healthz does (not counted as the kubelet's)."""
+    """Call GetInfo on a registration socket (used by /healthz and tests)."""
     async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
         info: pluginregistration_pb2.PluginInfo = await stub.GetInfo(
-            pluginregistration_pb2.InfoRequest(), timeout=timeout, metadata=_PROBE
+            pluginregistration_pb2.InfoRequest(), timeout=timeout
         )
         return info
 
 
 async def dra_answers(socket_path: Path, timeout: float = 1.0) -> None:
-    """An empty v1 prepare marked as a probe: proof that the DRA servicer answers, without
-    being counted as a prepare."""
+    """An empty v1 prepare: cheap proof that the DRA socket is being served."""
     async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
         stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-        await stub.NodePrepareResources(
-            dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout, metadata=_PROBE
-        )
+        await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout)
