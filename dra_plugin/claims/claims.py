@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.devices import Device
-from dra_plugin.kubelet import devicemetadata, diskerrors, recovery
-from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint import diskerrors, recovery
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.recovery import who as _who
+from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     ClaimRecord,
@@ -26,7 +26,9 @@ from dra_plugin.kubelet.checkpoint import (
     State,
     read_boot_id,
 )
-from dra_plugin.kubelet.contract import (
+from dra_plugin.claims import devicemetadata
+from dra_plugin.claims.allocation import ClaimError, Holdings, select
+from dra_plugin.claims.contract import (
     ClaimHandler,
     ClaimRef,
     PreparedDevice,
@@ -34,12 +36,11 @@ from dra_plugin.kubelet.contract import (
     check_ref,
     prepared_result,
 )
-from dra_plugin.kubelet.fetch import FetchClaim, fetch_all, known_completed
-from dra_plugin.kubelet.groupcommit import GroupCommit, runs
-from dra_plugin.kubelet.prepwrite import SpecWriter
-from dra_plugin.kubelet.recovery import who as _who
-from dra_plugin.kubelet.store import Checkpoint
-from dra_plugin.kubelet.unprepare import unprepare
+from dra_plugin.claims.fetch import FetchClaim, fetch_all, known_completed
+from dra_plugin.claims.groupcommit import GroupCommit, runs
+from dra_plugin.claims.prepwrite import SpecWriter
+from dra_plugin.claims.unprepare import unprepare
+from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 
 __all__ = [

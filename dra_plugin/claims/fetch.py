@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, CheckpointError
+from dra_plugin.claims.allocation import malformed
+from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.kubeapi import ApiError, NotFoundError
-from dra_plugin.kubelet.allocation import malformed
-from dra_plugin.kubelet.checkpoint import COMPLETED, CheckpointError
-from dra_plugin.kubelet.contract import ClaimRef
-from dra_plugin.kubelet.store import Checkpoint
 
 FETCH_CONCURRENCY = 8
 FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
