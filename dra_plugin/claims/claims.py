@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,7 +37,7 @@ from dra_plugin.claims.contract import (
     check_ref,
     prepared_result,
 )
-from dra_plugin.claims.fetch import FetchClaim, fetch_all, known_completed
+from dra_plugin.claims.fetch import FetchClaim, Fetched, FetchFailed, fetch_all, known_completed
 from dra_plugin.claims.groupcommit import GroupCommit, runs
 from dra_plugin.claims.prepwrite import SpecWriter
 from dra_plugin.claims.unprepare import unprepare
@@ -61,11 +62,19 @@ _T = TypeVar("_T")
 ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
 
 
+class JobKind(StrEnum):
+    """What one kubelet call waiting for the lock asks for."""
+
+    PREPARE = "prepare"
+    UNPREPARE = "unprepare"
+    STARTUP = "startup"
+
+
 @dataclass
 class _Job:
-    kind: str  # prepare, unprepare or startup: one kubelet call waiting for the lock
+    kind: JobKind
     refs: list[ClaimRef] = field(default_factory=list)
-    fetched: Mapping[str, Mapping[str, Any] | str] = field(default_factory=dict)
+    fetched: Mapping[str, Fetched] = field(default_factory=dict)
 
 
 class ClaimPreparer:
@@ -119,7 +128,7 @@ class ClaimPreparer:
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
-        await self._commit.submit(_Job("startup"))
+        await self._commit.submit(_Job(JobKind.STARTUP))
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
@@ -136,7 +145,7 @@ class ClaimPreparer:
                 self._fetch, [r for uid, r in refs.items() if uid not in known]
             )
         if refs:
-            job = _Job("prepare", list(refs.values()), fetched)
+            job = _Job(JobKind.PREPARE, list(refs.values()), fetched)
             got = await self._submit(job, lambda msg: PrepareResult(error=msg))
             results.update(got)
         return results
@@ -150,7 +159,7 @@ class ClaimPreparer:
             else:
                 results[ref.uid] = check_ref(ref)
         if refs:
-            results.update(await self._submit(_Job("unprepare", list(refs.values())), str))
+            results.update(await self._submit(_Job(JobKind.UNPREPARE, list(refs.values())), str))
         return results
 
     async def _submit(self, job: _Job, error: Callable[[str], _T]) -> dict[str, _T]:
@@ -191,10 +200,10 @@ class ClaimPreparer:
                 for r in job.refs:
                     refs.setdefault(r.uid, r)  # a claim in two calls is prepared once
             try:
-                if run[0].kind == "startup":
+                if run[0].kind is JobKind.STARTUP:
                     self._startup(state)
                     done: Mapping[str, Any] = {}
-                elif run[0].kind == "prepare":
+                elif run[0].kind is JobKind.PREPARE:
                     fetched = {u: f for job in run for u, f in job.fetched.items()}
                     done = self._prepare(state, list(refs.values()), fetched, devices)
                 else:
@@ -264,7 +273,7 @@ class ClaimPreparer:
         self,
         state: State,
         refs: list[ClaimRef],
-        fetched: Mapping[str, Mapping[str, Any] | str],
+        fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
     ) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
@@ -285,8 +294,8 @@ class ClaimPreparer:
             if got is None:  # another instance unprepared it while we waited for the lock
                 out[ref.uid] = PrepareResult(error=f"{ref}: changed while waiting; retry")
                 continue
-            if isinstance(got, str):
-                out[ref.uid] = PrepareResult(error=got)
+            if isinstance(got, FetchFailed):
+                out[ref.uid] = PrepareResult(error=got.message)
                 continue
             mark = holdings.mark()
             try:
