@@ -1,8 +1,8 @@
 """Claim preparation for one DRA driver: claim -> allocated devices -> CDI spec + checkpoint.
 
-The contract the gRPC servicers call is in `claimcontract.py` (re-exported here); which
+The contract the gRPC servicers call is in `contract.py` (re-exported here); which
 results are ours and whether a device may be used (shares included) is `allocation.py`;
-crash and reboot recovery is `recovery.py`.
+crash and reboot recovery is `checkpoint/recovery.py`.
 """
 
 from __future__ import annotations
