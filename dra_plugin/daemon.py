@@ -20,13 +20,13 @@ from pathlib import Path
 
 from dra_plugin import inventory
 from dra_plugin.cdi.claims import CdiOptions
+from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
 from dra_plugin.host import files, hotplug, udev
 from dra_plugin.kubelet import server
-from dra_plugin.kubelet.claims import ClaimPreparer
-from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.startup import StartupError, api_client, listen_metrics, make_dir, remove_created

@@ -1,2 +1,1 @@
-"""The kubelet side: gRPC servers, prepare/unprepare, checkpoint, recovery, allocation rules,
-health, claim status."""
+"""The kubelet side: gRPC servers, plugin registration, the health service."""

@@ -28,8 +28,8 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PrepareResult
 from dra_plugin.host.files import PRIVATE_DIR_MODE, make_dir
-from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PrepareResult
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.kubelet.healthservice import HEALTH_SERVICES, add_health_services
 from dra_plugin.telemetry import metrics

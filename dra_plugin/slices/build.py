@@ -5,7 +5,7 @@ most 128, or 64 whenever devices may carry taints (the server's limit for slices
 taints): the layout must not depend on health, or one unhealthy device would move every
 device of a large pool into new slices. A shared driver publishes its devices with
 consumable capacity (see `sharing.py`). Everything is validated against the API server's
-rules (`slicerules.py`) before it is sent; what to write is planned in `slicesync.py` and
+rules (`rules.py`) before it is sent; what to write is planned in `sync.py` and
 written by `publisher.py`.
 """
 

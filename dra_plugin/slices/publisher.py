@@ -3,7 +3,7 @@
 It reconciles on every device change and whenever our slices are changed or deleted by
 someone else (the kubelet deletes all of a node's slices when it starts). It writes
 nothing when the API already holds what we would write, also after a restart. What to
-write is decided by the pure functions in `slices.py`.
+write is decided by the pure functions in `build.py` and `sync.py`.
 """
 
 from __future__ import annotations

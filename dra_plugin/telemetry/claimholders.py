@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.kubelet.checkpoint import COMPLETED, CheckpointError
-from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, CheckpointError
 from dra_plugin.telemetry.catalogue import ClaimHolder
 
 log = logging.getLogger(__name__)

@@ -24,12 +24,12 @@ from typing import Any
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, State
+from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
-from dra_plugin.kubelet.checkpoint import COMPLETED, State
-from dra_plugin.kubelet.claims import ClaimPreparer, ClaimRef
-from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.intel.ids import INTEL

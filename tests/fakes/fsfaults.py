@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.kubelet.checkpoint import State
-from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import State
 from tests.fakes.claim_harness import (
     DRIVER,
     FakeApi,

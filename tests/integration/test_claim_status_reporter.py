@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubeapi import KubeAPI, Timeouts
-from dra_plugin.kubelet.claims import ClaimPreparer
-from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.telemetry import metrics
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
@@ -106,7 +106,7 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
 def test_writes_wait_for_a_quiet_moment_not_a_gap_in_a_burst(tmp_path: Path) -> None:
     """Kubelet calls of a burst arrive with short gaps between them: a write must not start
     in such a gap (QUIET_SECONDS), only once the calls have stopped."""
-    from dra_plugin.kubelet.claimstatus import QUIET_SECONDS
+    from dra_plugin.claims.claimstatus import QUIET_SECONDS
 
     with FakeAPIServer(versions=("v1",)) as srv:
         first = srv.add_claim(claim(1, [result(DEV.name, adminAccess=True)]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.kubelet.claims import ClaimRef
+from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     FakeApi,

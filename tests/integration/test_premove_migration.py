@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.kubelet.checkpoint import COMPLETED, FORMAT_KIND, JOURNAL_NAME
-from dra_plugin.kubelet.claims import ClaimRef
-from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, FORMAT_KIND, JOURNAL_NAME
+from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     FakeApi,

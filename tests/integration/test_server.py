@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.devices import Health, make_device
 from dra_plugin.kubelet import server
-from dra_plugin.kubelet.claims import ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.kubelet.health import HealthTracker
 from tests.fakes.kubelet import Claim, Kubelet, RegistrationRejected, get_info
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.kubeapi import KubeAPI, Timeouts
-from dra_plugin.kubelet.checkpoint import COMPLETED, ClaimRecord, DeviceRecord, State
-from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.telemetry.claimholders import ClaimHolders
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim

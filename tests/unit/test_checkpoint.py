@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from dra_plugin.checkpoint import checkpoint as store
+from dra_plugin.checkpoint import journal
+from dra_plugin.checkpoint import snapshot as ck
 from dra_plugin.host import files as durable
-from dra_plugin.kubelet import checkpoint as ck
-from dra_plugin.kubelet import journal, store
 
 DRIVER = "gpu.intel.com"
 
@@ -171,7 +172,7 @@ def test_lock_excludes_another_process(tmp_path: Path) -> None:
             textwrap.dedent(f"""
             import sys
             from pathlib import Path
-            from dra_plugin.kubelet.checkpoint import FileLock
+            from dra_plugin.checkpoint.snapshot import FileLock
             lock = FileLock(Path({str(lock_path)!r}))
             lock.acquire()
             print("held", flush=True)

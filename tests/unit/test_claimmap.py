@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     STATES,
@@ -21,7 +22,6 @@ from dra_plugin.kubelet.checkpoint import (
     DeviceRecord,
     State,
 )
-from dra_plugin.kubelet.store import Checkpoint
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
+from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice
 from dra_plugin.kubeapi import UnavailableError
-from dra_plugin.kubelet.checkpoint import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
-from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PreparedDevice
-from dra_plugin.kubelet.store import Checkpoint
 from tests.fakes.claim_harness import (
     DRIVER,
     NODE,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.host import files as durable
-from dra_plugin.kubelet.claims import ClaimPreparer
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     FakeApi,

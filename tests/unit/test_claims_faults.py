@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME
+from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.host.files import PRIVATE_DIR_MODE, SHARED_DIR_MODE, make_dir
 from dra_plugin.kubelet import server
-from dra_plugin.kubelet.checkpoint import FILE_NAME, JOURNAL_NAME
-from dra_plugin.kubelet.claims import ClaimRef
 from tests.fakes import fsfaults
 from tests.fakes.claim_harness import (
     DRIVER,

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.kubelet.checkpoint import FILE_NAME
-from dra_plugin.kubelet.claims import PreparedDevice
-from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import FILE_NAME
+from dra_plugin.claims.claims import PreparedDevice
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
     DRIVER,

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dra_plugin.kubelet.claims import ClaimRef, PreparedDevice, PrepareResult
-from dra_plugin.kubelet.claimstatus import ClaimStatusReporter, device_data, status_entries
+from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
+from dra_plugin.claims.claimstatus import ClaimStatusReporter, device_data, status_entries
 from tests.fakes.claim_harness import NODE, intel_device, nvidia_device
 
 NOW = "2026-01-02T03:04:05Z"

@@ -15,17 +15,17 @@ import pytest
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
-from dra_plugin.devices import PCI_BUS_ID, make_device
-from dra_plugin.kubelet import devicemetadata as dm
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     ClaimRecord,
     DeviceRecord,
     State,
 )
-from dra_plugin.kubelet.claims import ClaimRef, PreparedDevice
-from dra_plugin.kubelet.store import Checkpoint
+from dra_plugin.claims import devicemetadata as dm
+from dra_plugin.claims.claims import ClaimRef, PreparedDevice
+from dra_plugin.devices import PCI_BUS_ID, make_device
 from tests.fakes.claim_harness import (
     DRIVER,
     NODE,

@@ -2,7 +2,7 @@
 
 amdgpu sends no uevent when it counts a RAS error, so the counters
 (`<pci>/ras/<block>_err_count`, "ue: N" / "ce: N") are read every `interval` seconds.
-Discovery (amd_gpus.py) turns uncorrectable errors into an Unhealthy device with the
+Discovery (devices.py) turns uncorrectable errors into an Unhealthy device with the
 blocks named; this thread only notices that something changed, as the udev monitor does
 for hotplug. Only GPUs with a `ras` directory are read (consumer cards have none).
 """

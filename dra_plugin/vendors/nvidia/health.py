@@ -1,4 +1,4 @@
-"""NVIDIA GPU health: a monitor thread driving the NVML calls that nvml.py exports.
+"""NVIDIA GPU health: a monitor thread driving the NVML calls that nvml/events.py makes.
 
 The recovery rule:
 - a critical XID not in the ignore list, or a double-bit ECC error, marks the affected

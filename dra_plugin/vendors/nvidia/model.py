@@ -1,7 +1,7 @@
 """NVIDIA devices from plain values: naming, attributes, device nodes, and the meaning of
 the codes NVML reports (XIDs, error names, brand and architecture numbers).
 
-No NVML here: nvml.py asks the driver and builds devices with these functions. The only
+No NVML here: nvml/discovery.py asks the driver and builds devices with these functions. The only
 I/O is looking for files the driver installs: the NVML library, the /proc entries that
 name MIG capability nodes, the /sys links that give PCIe roots.
 

@@ -1,8 +1,8 @@
 """NVIDIA GPUs through NVML (the only importer of pynvml), split by job:
 
 - library.py: loading the library from the driver root, sessions, errors;
-- discovery.py: the allocatable GPUs and MIG devices (naming lives in nvidia.py);
-- events.py: the calls the health monitor (gpuhealth.py) makes;
+- discovery.py: the allocatable GPUs and MIG devices (naming lives in model.py);
+- events.py: the calls the health monitor (health.py) makes;
 - readings.py: the telemetry values the sampler (sampler.py) reads.
 """
 

@@ -1,4 +1,4 @@
-"""The NVML calls the health monitor (gpuhealth.py) makes; failures raise NvmlError."""
+"""The NVML calls the health monitor (health.py) makes; failures raise NvmlError."""
 
 from __future__ import annotations
 

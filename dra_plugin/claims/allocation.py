@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dra_plugin.checkpoint.snapshot import ClaimMap, ClaimRecord, holder
 from dra_plugin.devices import Device
-from dra_plugin.kubelet.checkpoint import ClaimMap, ClaimRecord, holder
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
 

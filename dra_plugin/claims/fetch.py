@@ -4,39 +4,48 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import COMPLETED, CheckpointError
+from dra_plugin.claims.allocation import malformed
+from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.kubeapi import ApiError, NotFoundError
-from dra_plugin.kubelet.allocation import malformed
-from dra_plugin.kubelet.checkpoint import COMPLETED, CheckpointError
-from dra_plugin.kubelet.contract import ClaimRef
-from dra_plugin.kubelet.store import Checkpoint
 
 FETCH_CONCURRENCY = 8
 FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 
 
-async def _one(fetch: FetchClaim, ref: ClaimRef) -> Mapping[str, Any] | str:
+@dataclass(frozen=True)
+class FetchFailed:
+    """A claim that could not be read: the message its prepare answers with."""
+
+    message: str
+
+
+Fetched = Mapping[str, Any] | FetchFailed
+
+
+async def _one(fetch: FetchClaim, ref: ClaimRef) -> Fetched:
     try:
         got = await fetch(ref.namespace, ref.name)
-        if not isinstance(got, Mapping):  # a string here would read as our error message
-            return str(malformed(str(ref), "the claim", got, "an object"))
+        if not isinstance(got, Mapping):  # the API answered something that is not a claim
+            return FetchFailed(str(malformed(str(ref), "the claim", got, "an object")))
         return got
     except NotFoundError:
-        return f"{ref}: not found in the API"
+        return FetchFailed(f"{ref}: not found in the API")
     except ApiError as exc:
-        return f"{ref}: cannot read it from the API: {exc}"
+        return FetchFailed(f"{ref}: cannot read it from the API: {exc}")
 
 
-async def fetch_all(
-    fetch: FetchClaim, refs: Sequence[ClaimRef]
-) -> dict[str, Mapping[str, Any] | str]:
-    """uid -> the claim, or the per-claim error message."""
+async def fetch_all(fetch: FetchClaim, refs: Sequence[ClaimRef]) -> dict[str, Fetched]:
+    """uid -> the claim, or why it could not be read."""
     if len(refs) == 1:  # the common call: no tasks, no semaphore
         return {refs[0].uid: await _one(fetch, refs[0])}
     gate = asyncio.Semaphore(FETCH_CONCURRENCY)
 
-    async def gated(ref: ClaimRef) -> Mapping[str, Any] | str:
+    async def gated(ref: ClaimRef) -> Fetched:
         async with gate:
             return await _one(fetch, ref)
 

@@ -14,12 +14,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint import diskerrors
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import UNPREPARING, State
+from dra_plugin.claims.contract import ClaimRef
+from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.host.files import batched_dir_syncs
-from dra_plugin.kubelet import diskerrors
-from dra_plugin.kubelet.checkpoint import UNPREPARING, State
-from dra_plugin.kubelet.contract import ClaimRef
-from dra_plugin.kubelet.devicemetadata import MetadataFiles
-from dra_plugin.kubelet.store import Checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Claim preparation for one DRA driver: claim -> allocated devices -> CDI spec + checkpoint.
 
-The contract the gRPC servicers call is in `claimcontract.py` (re-exported here); which
+The contract the gRPC servicers call is in `contract.py` (re-exported here); which
 results are ours and whether a device may be used (shares included) is `allocation.py`;
-crash and reboot recovery is `recovery.py`.
+crash and reboot recovery is `checkpoint/recovery.py`.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.devices import Device
-from dra_plugin.kubelet import devicemetadata, diskerrors, recovery
-from dra_plugin.kubelet.allocation import ClaimError, Holdings, select
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint import diskerrors, recovery
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.recovery import who as _who
+from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     ClaimRecord,
@@ -26,7 +27,9 @@ from dra_plugin.kubelet.checkpoint import (
     State,
     read_boot_id,
 )
-from dra_plugin.kubelet.contract import (
+from dra_plugin.claims import devicemetadata
+from dra_plugin.claims.allocation import ClaimError, Holdings, select
+from dra_plugin.claims.contract import (
     ClaimHandler,
     ClaimRef,
     PreparedDevice,
@@ -34,12 +37,11 @@ from dra_plugin.kubelet.contract import (
     check_ref,
     prepared_result,
 )
-from dra_plugin.kubelet.fetch import FetchClaim, fetch_all, known_completed
-from dra_plugin.kubelet.groupcommit import GroupCommit, runs
-from dra_plugin.kubelet.prepwrite import SpecWriter
-from dra_plugin.kubelet.recovery import who as _who
-from dra_plugin.kubelet.store import Checkpoint
-from dra_plugin.kubelet.unprepare import unprepare
+from dra_plugin.claims.fetch import FetchClaim, Fetched, FetchFailed, fetch_all, known_completed
+from dra_plugin.claims.groupcommit import GroupCommit, runs
+from dra_plugin.claims.prepwrite import SpecWriter
+from dra_plugin.claims.unprepare import unprepare
+from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 
 __all__ = [
@@ -60,11 +62,19 @@ _T = TypeVar("_T")
 ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
 
 
+class JobKind(StrEnum):
+    """What one kubelet call waiting for the lock asks for."""
+
+    PREPARE = "prepare"
+    UNPREPARE = "unprepare"
+    STARTUP = "startup"
+
+
 @dataclass
 class _Job:
-    kind: str  # prepare, unprepare or startup: one kubelet call waiting for the lock
+    kind: JobKind
     refs: list[ClaimRef] = field(default_factory=list)
-    fetched: Mapping[str, Mapping[str, Any] | str] = field(default_factory=dict)
+    fetched: Mapping[str, Fetched] = field(default_factory=dict)
 
 
 class ClaimPreparer:
@@ -118,7 +128,7 @@ class ClaimPreparer:
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
-        await self._commit.submit(_Job("startup"))
+        await self._commit.submit(_Job(JobKind.STARTUP))
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
         results: dict[str, PrepareResult] = {}
@@ -135,7 +145,7 @@ class ClaimPreparer:
                 self._fetch, [r for uid, r in refs.items() if uid not in known]
             )
         if refs:
-            job = _Job("prepare", list(refs.values()), fetched)
+            job = _Job(JobKind.PREPARE, list(refs.values()), fetched)
             got = await self._submit(job, lambda msg: PrepareResult(error=msg))
             results.update(got)
         return results
@@ -149,7 +159,7 @@ class ClaimPreparer:
             else:
                 results[ref.uid] = check_ref(ref)
         if refs:
-            results.update(await self._submit(_Job("unprepare", list(refs.values())), str))
+            results.update(await self._submit(_Job(JobKind.UNPREPARE, list(refs.values())), str))
         return results
 
     async def _submit(self, job: _Job, error: Callable[[str], _T]) -> dict[str, _T]:
@@ -190,10 +200,10 @@ class ClaimPreparer:
                 for r in job.refs:
                     refs.setdefault(r.uid, r)  # a claim in two calls is prepared once
             try:
-                if run[0].kind == "startup":
+                if run[0].kind is JobKind.STARTUP:
                     self._startup(state)
                     done: Mapping[str, Any] = {}
-                elif run[0].kind == "prepare":
+                elif run[0].kind is JobKind.PREPARE:
                     fetched = {u: f for job in run for u, f in job.fetched.items()}
                     done = self._prepare(state, list(refs.values()), fetched, devices)
                 else:
@@ -263,7 +273,7 @@ class ClaimPreparer:
         self,
         state: State,
         refs: list[ClaimRef],
-        fetched: Mapping[str, Mapping[str, Any] | str],
+        fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
     ) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
@@ -284,8 +294,8 @@ class ClaimPreparer:
             if got is None:  # another instance unprepared it while we waited for the lock
                 out[ref.uid] = PrepareResult(error=f"{ref}: changed while waiting; retry")
                 continue
-            if isinstance(got, str):
-                out[ref.uid] = PrepareResult(error=got)
+            if isinstance(got, FetchFailed):
+                out[ref.uid] = PrepareResult(error=got.message)
                 continue
             mark = holdings.mark()
             try:

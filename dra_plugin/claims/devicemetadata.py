@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from dra_plugin.cdi.rules import validate_spec
+from dra_plugin.checkpoint.recovery import who
+from dra_plugin.checkpoint.snapshot import ClaimRecord
+from dra_plugin.claims.allocation import Chosen
 from dra_plugin.devices import Device, is_dns_label
 from dra_plugin.host.files import SHARED_DIR_MODE, atomic_write, make_dir
-from dra_plugin.kubelet.allocation import Chosen
-from dra_plugin.kubelet.checkpoint import ClaimRecord
-from dra_plugin.kubelet.recovery import who
 from dra_plugin.slices.build import published_attributes
 
 log = logging.getLogger(__name__)

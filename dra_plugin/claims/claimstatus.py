@@ -26,9 +26,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
-from dra_plugin.kubelet.claims import ClaimHandler, ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)

@@ -19,14 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint import diskerrors
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.recovery import who
+from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
+from dra_plugin.claims.contract import PrepareResult, prepared_result
+from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
 from dra_plugin.host.files import batched_dir_syncs
-from dra_plugin.kubelet import diskerrors
-from dra_plugin.kubelet.checkpoint import COMPLETED, ClaimRecord, State
-from dra_plugin.kubelet.contract import PrepareResult, prepared_result
-from dra_plugin.kubelet.devicemetadata import MetadataFiles
-from dra_plugin.kubelet.recovery import who
-from dra_plugin.kubelet.store import Checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint.snapshot import ClaimRecord
+from dra_plugin.claims import devicemetadata
 from dra_plugin.devices import is_dns_label, is_dns_subdomain
-from dra_plugin.kubelet import devicemetadata
-from dra_plugin.kubelet.checkpoint import ClaimRecord
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import json
 import logging
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,19 @@ LOCK_NAME = "checkpoint.lock"
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 NO_SNAPSHOT = "none"  # the base of a journal written before any snapshot
 
-STARTED = "started"
-COMPLETED = "completed"
-UNPREPARING = "unpreparing"
-STATES = (STARTED, COMPLETED, UNPREPARING)
+
+class ClaimState(StrEnum):
+    """A claim's state in the record; a StrEnum, so the file holds the same strings."""
+
+    STARTED = "started"
+    COMPLETED = "completed"
+    UNPREPARING = "unpreparing"
+
+
+STARTED = ClaimState.STARTED
+COMPLETED = ClaimState.COMPLETED
+UNPREPARING = ClaimState.UNPREPARING
+STATES = tuple(ClaimState)
 
 
 class CheckpointError(Exception):
@@ -79,7 +89,7 @@ class ClaimRecord:
     uid: str
     namespace: str
     name: str
-    state: str
+    state: ClaimState
     spec_file: str
     devices: tuple[DeviceRecord, ...] = ()
     boot_id: str = ""  # the boot in which the spec file was last rendered
@@ -274,7 +284,7 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
         uid=uid,
         namespace=_str(raw, "namespace", ""),
         name=_str(raw, "name", ""),
-        state=state,
+        state=ClaimState(state),
         spec_file=_str(raw, "specFile"),
         devices=tuple(devices),
         boot_id=_str(raw, "bootId", ""),

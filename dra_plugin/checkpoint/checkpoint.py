@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.host.files import FileLock, atomic_write, sync_dir
-from dra_plugin.kubelet import journal
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint import journal
+from dra_plugin.checkpoint.snapshot import (
     FILE_NAME,
     JOURNAL_NAME,
     LOCK_NAME,
@@ -30,6 +29,7 @@ from dra_plugin.kubelet.checkpoint import (
     encode,
     read_boot_id,
 )
+from dra_plugin.host.files import FileLock, atomic_write, sync_dir
 
 log = logging.getLogger(__name__)
 

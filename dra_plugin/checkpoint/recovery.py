@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.kubelet import diskerrors
-from dra_plugin.kubelet.checkpoint import (
+from dra_plugin.checkpoint import diskerrors
+from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     ClaimRecord,

@@ -1,0 +1,1 @@
+"""The record on disk: snapshot, journal, the Checkpoint store, recovery."""

@@ -1,0 +1,1 @@
+"""Claim preparation: prepare, unprepare, allocation and sharing rules, claim status."""
