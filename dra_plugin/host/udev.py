@@ -1,9 +1,9 @@
 """libudev access: the only module that imports pyudev.
 
 `scan()` takes one snapshot of what the vendors' DRM discovery (vendors/*/devices.py)
-needs: the display and accelerator PCI
-functions of GPU vendors, their DRM `cardN`/`renderDN` minors, AMD's platform partition
-devices (`amdgpu_xcp_*`) and the KFD node (`/dev/kfd`). The uevent sockets the hotplug
+needs: the display and accelerator PCI functions of GPU vendors, their DRM
+`cardN`/`renderDN` minors, the platform devices vendors name for their partitions
+(`Vendor.platform_devices`) and the KFD node (`/dev/kfd`). The uevent sockets the hotplug
 monitor (host/hotplug.py) listens on are opened and drained here too.
 
 Only libudev and sysfs are read: nothing opens /dev/dri, so discovery needs no DRM
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyudev
@@ -42,7 +42,6 @@ _RENDER = re.compile(r"^renderD(\d+)$")
 # Kernel uevent PCI_CLASS is hex without leading zeros: display controllers are 3xxxx,
 # processing accelerators (AMD Instinct MI300 and newer) 12xxxx.
 _GPU_CLASS_PROP = re.compile(r"^(3[0-9A-Fa-f]{4}|12[0-9A-Fa-f]{4})$")
-XCP_PREFIX = "amdgpu_xcp"  # platform devices amdgpu creates for partitions 1..n-1
 
 
 class DiscoveryError(RuntimeError):
@@ -101,7 +100,7 @@ Minors = Mapping[str, DrmMinor]  # "card"/"render" -> minor
 class UdevScan:
     gpus: tuple[PciGpu, ...]
     minors: Mapping[str, Minors]  # PCI sys_path -> its DRM minors
-    partitions: Mapping[str, Minors] = field(default_factory=dict)  # amdgpu_xcp sys_path
+    partitions: Mapping[str, Minors] = field(default_factory=dict)  # partition sys_path
     kfd: DeviceNode | None = None
     kfd_sys_path: str | None = None
 
@@ -177,8 +176,12 @@ def _pci_gpu(pci: pyudev.Device, classes: GpuClasses) -> PciGpu | None:
     )
 
 
-def _drm_minors(ctx: pyudev.Context) -> tuple[dict[str, dict[str, DrmMinor]], dict[str, Minors]]:
-    """(PCI sys_path -> minors, amdgpu_xcp platform sys_path -> minors)."""
+def _drm_minors(
+    ctx: pyudev.Context, platform_devices: Sequence[str]
+) -> tuple[dict[str, dict[str, DrmMinor]], dict[str, Minors]]:
+    """(PCI sys_path -> minors, partition platform sys_path -> minors); partitions are
+    platform devices whose name starts with one of `platform_devices`."""
+    prefixes = tuple(platform_devices)
     by_pci: dict[str, dict[str, DrmMinor]] = {}
     by_xcp: dict[str, dict[str, DrmMinor]] = {}
     for drm in ctx.list_devices(subsystem="drm"):
@@ -190,7 +193,7 @@ def _drm_minors(ctx: pyudev.Context) -> tuple[dict[str, dict[str, DrmMinor]], di
             target = by_pci.setdefault(pci.sys_path, {})
         else:
             platform = drm.find_parent("platform")
-            if platform is None or not platform.sys_name.startswith(XCP_PREFIX):
+            if platform is None or not prefixes or not platform.sys_name.startswith(prefixes):
                 continue  # simpledrm, vgem: no GPU behind them
             target = by_xcp.setdefault(platform.sys_path, {})
         index = int(match.group(1))
@@ -213,15 +216,16 @@ def _kfd(ctx: pyudev.Context) -> tuple[DeviceNode | None, str | None]:
     return None, None
 
 
-def scan(classes: GpuClasses) -> UdevScan:
+def scan(classes: GpuClasses, platform_devices: Sequence[str] = ()) -> UdevScan:
     """One snapshot of the node's GPU PCI functions (of the vendors and classes in
-    `classes`), DRM minors, partitions and KFD.
+    `classes`), DRM minors, partitions (platform devices named by a prefix in
+    `platform_devices`) and KFD.
 
     Raises DiscoveryError only when libudev itself is unusable.
     """
     ctx = context()
     try:
-        minors, partitions = _drm_minors(ctx)
+        minors, partitions = _drm_minors(ctx, platform_devices)
         gpus = tuple(
             gpu
             for pci in ctx.list_devices(subsystem="pci")

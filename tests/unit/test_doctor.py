@@ -96,8 +96,9 @@ def test_pci_intel_vfio_is_published_only_with_intel_vfio(host: HostRoot, driver
     assert off.status is Status.WARN and "will not publish" in off.found
     assert "set INTEL_VFIO=true" in off.action
     cfg = host.config(vendors=(INTEL,), nvidia_driver_root=host.root / "no-driver")
-    intel = replace(cfg.settings(INTEL), vfio=True)
-    cfg = replace(cfg, vendor_settings={**cfg.vendor_settings, INTEL: intel})
+    intel = cfg.driver(INTEL)
+    intel = intel.rebound(replace(intel.settings, vfio=True))
+    cfg = replace(cfg, vendor_drivers={**cfg.vendor_drivers, INTEL: intel})
     on = one(doctor.run_doctor(cfg), "pci")
     assert on.status is Status.PASS
     assert on.found.endswith(f"bound to {driver}: published for VM passthrough (INTEL_VFIO=true)")

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 KERNEL_DRIVER = "amdgpu"
 PASSTHROUGH_DRIVERS = ("vfio-pci",)
+PLATFORM_DEVICES = ("amdgpu_xcp",)  # platform devices amdgpu creates for partitions 1..n-1
 _RAS_COUNT = re.compile(r"^(\w+)_err_count$")
 _UE = re.compile(r"^ue:\s*(\d+)", re.MULTILINE)
 _told_whole: set[str] = set()  # GPUs whose "no partition support" was logged already

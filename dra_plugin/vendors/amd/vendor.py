@@ -5,7 +5,6 @@ GPUs bound to vfio-pci for VM passthrough (vfio.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from dra_plugin.vendors.base import (
     BasicSettings,
     Discovered,
     DoctorContext,
+    Driver,
     DrmScan,
     Monitor,
     MonitorHooks,
@@ -71,12 +71,15 @@ class AmdSettings(BasicSettings):
     vfio: bool = False  # publish VFIO-bound GPUs
 
 
-class AmdVendor(Vendor[AmdSettings]):
+class AmdVendor(Vendor):
     name = AMD
     title = "AMD"
     pci_vendor_id = PCI_VENDOR_ID
     pci_classes = ("0x03", "0x12")  # Instinct MI300 and newer are processing accelerators
     kernel_drivers = (devices.KERNEL_DRIVER,)
+    kernel_modules = (devices.KERNEL_DRIVER,)
+    vfio_drivers = devices.PASSTHROUGH_DRIVERS
+    platform_devices = devices.PLATFORM_DEVICES
     drm_hotplug = True
     kernel_label = devices.KERNEL_DRIVER
     passthrough_switch = "AMD_VFIO=true"
@@ -84,22 +87,33 @@ class AmdVendor(Vendor[AmdSettings]):
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
 
-    def configure(self, raw: Raw) -> AmdSettings:
+    def configure(self, raw: Raw) -> AmdDriver:
         mode, shares = parse_shares(AMD, raw)
         key = "amd_ras_poll_seconds"
         poll = float(number(label(raw, key), raw[key], float, 0))
-        return AmdSettings(
+        settings = AmdSettings(
             driver_name=parse_driver_name(AMD, raw),
             sharing_mode=mode,
             shares=shares,
             ras_poll_seconds=poll,
             vfio=raw["amd_vfio"] == "true",
         )
+        return AmdDriver(self, settings)
 
-    def passthrough_drivers(self, settings: AmdSettings) -> tuple[str, ...]:
-        return devices.PASSTHROUGH_DRIVERS if settings.vfio else ()
 
-    def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:
+class AmdDriver(Driver):
+    """The AMD driver: its settings (no state beyond the RAS watcher it starts)."""
+
+    def __init__(self, vendor: Vendor, settings: AmdSettings) -> None:
+        self.vendor = vendor
+        self.settings: AmdSettings = settings
+
+    @property
+    def vfio(self) -> bool:
+        return self.settings.vfio
+
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        settings = self.settings
         snap = scan()
         table: list[tuple[amd_ids.IdsTable, devices.Topology]] = []
         partial: list[Unpublished] = []
@@ -134,16 +148,14 @@ class AmdVendor(Vendor[AmdSettings]):
         notes = () if found else (f"amd: no AMD GPU bound to {where}",)
         return Discovered(found, notes, (*skipped, *partial))
 
-    def monitors(self, settings: AmdSettings, hooks: MonitorHooks) -> list[Monitor]:
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         def gpus() -> set[str]:
             return {d.pci_address for d in hooks.published() if d.pci_address}
 
-        return [RasWatcher(gpus, hooks.rescan, settings.ras_poll_seconds)]
+        return [RasWatcher(gpus, hooks.rescan, self.settings.ras_poll_seconds)]
 
-    def telemetry(
-        self, settings: AmdSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
+    def telemetry(self) -> TelemetryReader | None:
         return AmdSysfsReader()
 
-    def doctor(self, settings: AmdSettings, ctx: DoctorContext) -> list[Finding]:
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_amd(ctx)
