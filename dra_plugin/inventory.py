@@ -40,8 +40,9 @@ class _Scan:
         if self.result is None:
             classes = {v.pci_vendor_id: v.pci_classes for v in registry.VENDORS}
             platform = tuple(p for v in registry.VENDORS for p in v.platform_devices)
+            subsystems = tuple(s for v in registry.VENDORS for s in v.udev_subsystems)
             try:
-                self.result = udev.scan(classes, platform)
+                self.result = udev.scan(classes, platform, subsystems)
             except udev.DiscoveryError as exc:
                 self.result = exc
         if isinstance(self.result, udev.DiscoveryError):

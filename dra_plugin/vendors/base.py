@@ -6,7 +6,7 @@ Two objects per vendor:
   (PCI vendor ID, kernel drivers, passthrough drivers), its flags (`options()`), and
   `configure()`, which parses them.
 - `Driver`, what `configure()` returns: one DRA driver of that vendor, bound to its parsed
-  settings. It owns its state openly (its monitors, NVML handles, the last CDI plan) and
+  settings. It owns its state openly (its monitors, library handles, the last CDI plan) and
   its hooks take no settings argument.
 
 The core (config, inventory, daemon, CDI rendering, the telemetry sampler, doctor) loops
@@ -153,6 +153,9 @@ class Vendor(ABC):
     # VFIO drivers its GPUs may be bound to for VM passthrough (published when the
     # passthrough switch is on); doctor and the core take the union over vendors.
     vfio_drivers: ClassVar[tuple[str, ...]] = ()
+    # udev subsystems of host-wide character devices its GPUs need (e.g. a compute node);
+    # the scan returns one node of each (UdevScan.nodes).
+    udev_subsystems: ClassVar[tuple[str, ...]] = ()
     # Other kernel drivers that claim its GPUs and must be blacklisted for its own.
     rival_drivers: ClassVar[tuple[str, ...]] = ()
     # DRM platform-device names that hang off its GPUs (partitions) and are not GPUs.

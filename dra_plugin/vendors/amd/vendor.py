@@ -80,6 +80,7 @@ class AmdVendor(Vendor):
     kernel_modules = (devices.KERNEL_DRIVER,)
     vfio_drivers = devices.PASSTHROUGH_DRIVERS
     platform_devices = devices.PLATFORM_DEVICES
+    udev_subsystems = (devices.KFD_SUBSYSTEM,)
     drm_hotplug = True
     kernel_label = devices.KERNEL_DRIVER
     passthrough_switch = "AMD_VFIO=true"
