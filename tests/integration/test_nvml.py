@@ -529,3 +529,30 @@ def test_monitor_without_nvml_reports_unknown(tmp_path: Path) -> None:
     assert reason.startswith("health monitoring unavailable: libnvidia-ml.so.1 not found")
     mon.stop()
     assert mon.join(0)  # no thread was started
+
+
+def test_every_vendor_monitor_stops_together_then_joins(
+    fake: FakeNvml, tmp_path: Path, events: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stop() only signals, so the daemon tells all monitors at once and joins them off the
+    # loop: the NVML thread sits in a 3 s event wait, which stop() must not wait out.
+    from dra_plugin.vendors.amd.ras import RasWatcher
+    from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
+
+    use(monkeypatch, "datacenter")
+    devs = list(by_name(discover(fake, tmp_path)).values())
+    nv = NvmlHealthMonitor(fake.driver_root, devs, Recorder(), xid_ignore=(), wait_timeout_ms=3000)
+    waiting = threading.Event()
+    ras = RasWatcher(lambda: (waiting.set(), ())[1], lambda: None, interval=3600)
+    intel = IntelHealthMonitor(HangRule(), tuple, Recorder(), lambda handler: None)
+    monitors = [nv, ras, intel]
+    for m in monitors:
+        m.start()
+    assert nv.running and waiting.wait(10)  # both threads are in their waits
+    began = time.monotonic()
+    for m in monitors:
+        m.stop()
+    stopped = time.monotonic() - began
+    assert all(m.join(5) for m in monitors)
+    assert not nv.running
+    assert stopped < 0.5, f"stop() blocked for {stopped:.2f} s"
