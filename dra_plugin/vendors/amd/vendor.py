@@ -37,7 +37,6 @@ from dra_plugin.vendors.base import (
 )
 
 log = logging.getLogger(__name__)
-_told: dict[str, str] = {}  # PCI address -> the problem last logged (once per change)
 
 OPTIONS = (
     driver_name_option(AMD, "AMD", "gpu.amd.com"),
@@ -103,11 +102,12 @@ class AmdVendor(Vendor):
 
 
 class AmdDriver(Driver):
-    """The AMD driver: its settings (no state beyond the RAS watcher it starts)."""
+    """The AMD driver: its settings and the GPU problems it last logged."""
 
     def __init__(self, vendor: Vendor, settings: AmdSettings) -> None:
         self.vendor = vendor
         self.settings: AmdSettings = settings
+        self._told: dict[str, str] = {}  # PCI address -> problem last logged (once per change)
 
     @property
     def vfio(self) -> bool:
@@ -141,10 +141,12 @@ class AmdDriver(Driver):
 
         found, skipped = drm.partition(snap, PCI_VENDOR_ID, skip, build)
         for gpu in (*partial, *skipped):
-            if _told.get(gpu.pci_address) != gpu.reason and gpu.driver == devices.KERNEL_DRIVER:
+            if (
+                self._told.get(gpu.pci_address) != gpu.reason
+                and gpu.driver == devices.KERNEL_DRIVER
+            ):
                 log.warning("amd gpu pci=%s: %s", gpu.pci_address, gpu.reason)
-        _told.clear()
-        _told.update({g.pci_address: g.reason for g in (*partial, *skipped)})
+        self._told = {g.pci_address: g.reason for g in (*partial, *skipped)}
         where = "amdgpu or vfio-pci" if settings.vfio else "amdgpu found under /sys/class/drm"
         notes = () if found else (f"amd: no AMD GPU bound to {where}",)
         return Discovered(found, notes, (*skipped, *partial))
