@@ -177,11 +177,6 @@ class Vendor(ABC):
 
     def not_published(self, gpu_driver: str | None) -> str:
         """Why a GPU of this vendor is not published while the vendor is not enabled."""
-        if gpu_driver in self.vfio_drivers:
-            return (
-                f"{self.title} GPU bound to {gpu_driver}: reserved for VM passthrough "
-                f"({self.passthrough_switch} publishes it)"
-            )
         return f"{self.title} GPU: the {self.name} vendor is not enabled (add it to VENDORS)"
 
 

@@ -53,7 +53,10 @@ class NvidiaVendor(Vendor):
 
     def not_published(self, gpu_driver: str | None) -> str:
         if gpu_driver in self.vfio_drivers:
-            return super().not_published(gpu_driver)
+            return (
+                f"NVIDIA GPU bound to {gpu_driver}: reserved for VM passthrough "
+                f"({self.passthrough_switch} publishes it)"
+            )
         return "NVIDIA GPU: published through NVML by the NVIDIA driver, not through DRM"
 
 
