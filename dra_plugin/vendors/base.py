@@ -282,6 +282,23 @@ def sharing_options(
     )
 
 
+def vfio_option(vendor: str, title: str, drivers: str, kind: str = "") -> Option:
+    """The switch that also publishes a vendor's VFIO-bound GPUs (`Driver.vfio`)."""
+    return Option(
+        f"--{vendor}-vfio",
+        f"{vendor.upper()}_VFIO",
+        f"also publish {title} GPUs bound to {drivers} (VM passthrough; {kind}claims get "
+        "/dev/vfio nodes); drivers are never rebound",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,  # it changes what is published
+    )
+
+
+def parse_vfio(vendor: str, raw: Raw) -> bool:
+    return raw[f"{vendor}_vfio"] == "true"
+
+
 def parse_driver_name(vendor: str, raw: Raw) -> str:
     attr = f"{vendor}_driver_name"
     name = raw[attr]

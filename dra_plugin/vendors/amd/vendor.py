@@ -13,7 +13,7 @@ from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
+from dra_plugin.options import Option, Raw, label, number
 from dra_plugin.vendors.amd import devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd.doctor import check_amd
@@ -33,7 +33,9 @@ from dra_plugin.vendors.base import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
+    parse_vfio,
     sharing_options,
+    vfio_option,
 )
 
 log = logging.getLogger(__name__)
@@ -52,15 +54,7 @@ OPTIONS = (
         "one claim per AMD GPU or partition",
         "several claims share one",
     ),
-    Option(
-        "--amd-vfio",
-        "AMD_VFIO",
-        "also publish AMD GPUs bound to vfio-pci (VM passthrough; type vfio, claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    ),
+    vfio_option(AMD, "AMD", "vfio-pci", "type vfio, "),
 )
 
 
@@ -96,7 +90,7 @@ class AmdVendor(Vendor):
             sharing_mode=mode,
             shares=shares,
             ras_poll_seconds=poll,
-            vfio=raw["amd_vfio"] == "true",
+            vfio=parse_vfio(AMD, raw),
         )
         return AmdDriver(self, settings)
 

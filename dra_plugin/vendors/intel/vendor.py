@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
-from dra_plugin.options import RUN_DISCOVER, Option, Raw, number
+from dra_plugin.options import Option, Raw, number
 from dra_plugin.vendors.base import (
     BasicSettings,
     Discovered,
@@ -23,7 +23,9 @@ from dra_plugin.vendors.base import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
+    parse_vfio,
     sharing_options,
+    vfio_option,
 )
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
@@ -40,15 +42,7 @@ OPTIONS = (
         "several claims share one (consumable capacity, Kubernetes 1.34+ with "
         "DRAConsumableCapacity)",
     ),
-    Option(
-        "--intel-vfio",
-        "INTEL_VFIO",
-        "also publish Intel GPUs bound to vfio-pci/xe-vfio-pci (VM passthrough; claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    ),
+    vfio_option(INTEL, "Intel", "vfio-pci/xe-vfio-pci"),
     Option(
         "--intel-hang-threshold",
         "INTEL_HANG_THRESHOLD",
@@ -94,7 +88,7 @@ class IntelVendor(Vendor):
             driver_name=parse_driver_name(INTEL, raw),
             sharing_mode=mode,
             shares=shares,
-            vfio=raw["intel_vfio"] == "true",
+            vfio=parse_vfio(INTEL, raw),
             hang_rule=HangRule(threshold, window),
         )
         return IntelDriver(self, settings)
