@@ -1,3 +1,3 @@
-"""dra-plugin: a Kubernetes DRA kubelet plugin for GPUs (Intel, NVIDIA and AMD; see vendors/)."""
+"""dra-plugin: a Kubernetes DRA kubelet plugin for GPUs (one folder per vendor under vendors/)."""
 
 __version__ = "0.1.0"

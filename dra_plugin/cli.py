@@ -11,6 +11,7 @@ import yaml
 
 from dra_plugin.config import Config, kubeconfig_problem
 from dra_plugin.devices import PCI_BUS_ID, Device
+from dra_plugin.vendors import registry
 
 if TYPE_CHECKING:
     from dra_plugin.inventory import Inventory
@@ -80,11 +81,7 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
     # One exit status for every format (see config.EPILOGS): 1 when nothing was found.
     status = 0 if inv.count else 1
     if status:
-        err.write(
-            "no GPUs found. Likely causes: the GPU kernel driver (i915/xe, nvidia, amdgpu) "
-            "is not loaded, /sys and /run/udev are not visible in this container, or the "
-            "NVIDIA driver root is wrong (NVIDIA_DRIVER_ROOT). Run `dra-plugin doctor`.\n"
-        )
+        err.write(_nothing_found())
     if cfg.output == "table":
         if inv.count:
             _table(inv, out)
@@ -130,6 +127,20 @@ def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
             asyncio.run(api.close())
     out.write(doctor.render_json(report) if cfg.output == "json" else doctor.render_table(report))
     return doctor.exit_code(report)
+
+
+def _nothing_found() -> str:
+    """The likely causes of an empty discovery; the vendors name their drivers and hints."""
+    drivers = ", ".join("/".join(v.kernel_drivers) for v in registry.VENDORS if v.kernel_drivers)
+    causes = [
+        f"the GPU kernel driver ({drivers}) is not loaded",
+        "/sys and /run/udev are not visible in this container",
+        *(v.no_gpu_hint for v in registry.VENDORS if v.no_gpu_hint),
+    ]
+    return (
+        f"no GPUs found. Likely causes: {', '.join(causes[:-1])}, or {causes[-1]}. "
+        "Run `dra-plugin doctor`.\n"
+    )
 
 
 COMMANDS = {"run": run, "discover": discover, "doctor": run_doctor}

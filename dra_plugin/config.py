@@ -12,9 +12,9 @@ import importlib.metadata
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from dra_plugin.devices import is_dns_subdomain
 from dra_plugin.options import (
@@ -22,6 +22,7 @@ from dra_plugin.options import (
     RUN,
     SOCKET_PATH_MAX,
     TAINT_EFFECTS,
+    VENDORS_OPTION,
     ConfigError,
     Option,
     RawValues,
@@ -34,7 +35,7 @@ from dra_plugin.options import (
 )
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors import registry
-from dra_plugin.vendors.base import defaults
+from dra_plugin.vendors.base import Driver, defaults
 
 __all__ = ["TAINT_EFFECTS", "Config", "ConfigError", "all_options", "parse"]
 
@@ -42,7 +43,7 @@ __all__ = ["TAINT_EFFECTS", "Config", "ConfigError", "all_options", "parse"]
 _ENV_NAMES = {attr_name(o): o.env for o in COMMON + RUN}
 
 
-def _default_settings() -> dict[str, Any]:
+def _default_drivers() -> dict[str, Driver]:
     return {v.name: v.configure(defaults(v.options())) for v in registry.VENDORS}
 
 
@@ -52,8 +53,9 @@ class Config:
     node_name: str = ""
     pod_uid: str = ""
     vendors: tuple[str, ...] = registry.DEFAULT_ENABLED
-    # vendor name -> that vendor's own settings (vendors/<name>/), for every known vendor
-    vendor_settings: Mapping[str, Any] = field(default_factory=_default_settings)
+    # vendor name -> that vendor's driver bound to its own settings (vendors/<name>/), for
+    # every known vendor
+    vendor_drivers: Mapping[str, Driver] = field(default_factory=_default_drivers)
     registrar_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     plugins_dir: Path = Path("/var/lib/kubelet/plugins")
     cdi_root: Path = Path("/var/cdi/dynamic")
@@ -78,21 +80,19 @@ class Config:
         return self.names.get(attr) or _ENV_NAMES.get(attr, attr.upper())
 
     # --- per vendor ----------------------------------------------------------------
-    def settings(self, vendor: str) -> Any:
-        """`vendor`'s own settings value (its vendors/<name>/ module defines the type)."""
-        return self.vendor_settings[vendor]
+    def driver(self, vendor: str) -> Driver:
+        """`vendor`'s driver, bound to its own settings (its vendors/<name>/ module defines
+        the settings type; `vendors.base.as_driver` narrows to it)."""
+        return self.vendor_drivers[vendor]
 
     @property
     def drivers(self) -> dict[str, str]:
         """Enabled vendor -> DRA driver name."""
-        return {v: self.settings(v).driver_name for v in self.vendors}
+        return {v: self.driver(v).driver_name for v in self.vendors}
 
     def sharing(self, vendor: str) -> Sharing | None:
         """How `vendor`'s devices are shared; None: each device goes to one claim."""
-        share: Sharing | None = (
-            self.settings(vendor).sharing if vendor in self.vendor_settings else None
-        )
-        return share
+        return self.vendor_drivers[vendor].sharing if vendor in self.vendor_drivers else None
 
     # --- derived paths -------------------------------------------------------------
     def plugin_dir(self, driver: str) -> Path:
@@ -107,9 +107,19 @@ class Config:
         return self.registrar_dir / name
 
 
+def _vendors_option() -> Option:
+    """--vendors, with the registry's vendors and default filled in."""
+    return replace(
+        VENDORS_OPTION,
+        help=VENDORS_OPTION.help.format(known=",".join(registry.names())),
+        default=",".join(registry.DEFAULT_ENABLED),
+    )
+
+
 def command_options() -> tuple[Option, ...]:
     """Every flag of every command: the common ones, then each vendor's."""
-    return COMMON + RUN + tuple(o for v in registry.VENDORS for o in v.options())
+    common = tuple(_vendors_option() if o is VENDORS_OPTION else o for o in COMMON)
+    return common + RUN + tuple(o for v in registry.VENDORS for o in v.options())
 
 
 COMMANDS = {
@@ -234,8 +244,8 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     vendors = tuple(dict.fromkeys(vendors))
     # Every vendor's flags are checked, enabled or not: a typo must not wait for the
     # day the vendor is switched on.
-    settings = {v.name: v.configure(raw) for v in registry.VENDORS}
-    enabled = {v: settings[v].driver_name for v in vendors}
+    bound = {v.name: v.configure(raw) for v in registry.VENDORS}
+    enabled = {v: bound[v].driver_name for v in vendors}
     if len(set(enabled.values())) < len(enabled):
         raise ConfigError(
             "the enabled vendors' driver names must differ: "
@@ -264,7 +274,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         node_name=node_name,
         pod_uid=pod_uid,
         vendors=vendors,
-        vendor_settings=settings,
+        vendor_drivers=bound,
         registrar_dir=Path(raw["kubelet_registrar_directory_path"]),
         plugins_dir=Path(raw["kubelet_plugins_directory_path"]),
         cdi_root=Path(raw["cdi_root"]),

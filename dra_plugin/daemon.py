@@ -15,7 +15,9 @@ import asyncio
 import gc
 import logging
 import signal
+import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from dra_plugin import inventory
@@ -182,14 +184,14 @@ async def run(cfg: Config) -> int:
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
     preparers: dict[str, ClaimPreparer] = {}
     for name, driver in cfg.drivers.items():
-        vendor, settings = registry.get(name), cfg.settings(name)
+        bound = cfg.driver(name)
         preparer = ClaimPreparer(
             driver=driver,
             node_name=cfg.node_name,
             state_dir=cfg.plugin_dir(driver),
             cdi_root=cfg.cdi_root,
             cdi_options=CdiOptions(max_version=cfg.cdi_max_version),
-            claim_edits=lambda devs, v=vendor, s=settings: v.claim_edits(s, devs, cfg.host_root),  # type: ignore[misc]
+            claim_edits=partial(bound.claim_edits, host_root=cfg.host_root),
             fetch_claim=api.get_claim,
             devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
             on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
@@ -251,9 +253,9 @@ async def run(cfg: Config) -> int:
     if any(v.drm_hotplug for v in enabled):  # one uevent listener for every DRM vendor
         drm_monitor = hotplug.DrmMonitor(rescan)
         monitors.append(drm_monitor)
-    by_vendor: dict[str, list[Monitor]] = {}
     for vendor in enabled:
-        driver = cfg.settings(vendor.name).driver_name
+        bound = cfg.driver(vendor.name)
+        driver = bound.driver_name
 
         def report(device: str, h: Health, reason: str, d: str = driver) -> None:
             loop.call_soon_threadsafe(node.report_health, d, device, h, reason)
@@ -262,11 +264,12 @@ async def run(cfg: Config) -> int:
             rescan=rescan,
             report_health=report,
             published=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
+            # read from monitor threads: one dict lookup of a tuple, atomic under the GIL
+            current_devices=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
         )
         if drm_monitor is not None:
             hooks = replace(hooks, drm_events=drm_monitor.subscribe)
-        by_vendor[vendor.name] = vendor.monitors(cfg.settings(vendor.name), hooks)
-        monitors += by_vendor[vendor.name]
+        monitors += bound.monitors(hooks)
     for m in monitors:
         try:
             # In a thread: nvmlInit and event registration can be slow, and the kubelet
@@ -283,7 +286,7 @@ async def run(cfg: Config) -> int:
     if cfg.metrics_port and cfg.telemetry_interval_seconds > 0:
         readers: dict[str, TelemetryReader] = {}
         for vendor in enabled:
-            reader = vendor.telemetry(cfg.settings(vendor.name), by_vendor[vendor.name])
+            reader = cfg.driver(vendor.name).telemetry()
             if reader is not None:
                 readers[vendor.name] = reader
         sampler = Sampler(
@@ -316,8 +319,9 @@ async def run(cfg: Config) -> int:
         done, _ = await asyncio.wait([sampler_task], timeout=5)
         if not done:  # a GPU hanging in an NVML call must not hang the shutdown
             log.warning("telemetry sampler did not stop within 5 s; exiting without it")
-    for m in monitors:
+    for m in monitors:  # told together, then joined off the loop
         m.stop()
+    await asyncio.to_thread(_join_all, monitors, 5.0)
     for t in tasks:
         t.cancel()
     await publisher.stop()
@@ -325,6 +329,13 @@ async def run(cfg: Config) -> int:
         await metrics_server.stop()
     log.info("stopped")
     return 0
+
+
+def _join_all(monitors: list[Monitor], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for m in monitors:
+        if not m.join(max(0.0, deadline - time.monotonic())):
+            log.warning("monitor %s did not stop within %.0f s", type(m).__name__, timeout)
 
 
 async def sockets_healthy(servers: list[server.DriverServer]) -> str | None:

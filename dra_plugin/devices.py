@@ -73,13 +73,6 @@ def semver(raw: str) -> str:
     return ".".join(nums)
 
 
-def cuda_version(encoded: int) -> str:
-    """NVML's CUDA driver version integer (12080) -> '12.8.0'."""
-    if encoded <= 0:
-        raise InvalidDeviceError(f"CUDA driver version {encoded} is not positive")
-    return f"{encoded // 1000}.{(encoded % 1000) // 10}.0"
-
-
 def is_semver(value: str) -> bool:
     return bool(_SEMVER.match(value)) and len(value) <= MAX_STRING_ATTRIBUTE
 
@@ -224,7 +217,8 @@ def truncate(value: str, limit: int = MAX_STRING_ATTRIBUTE) -> str:
 
 
 def pci_device_name(pci_address: str, pci_id: str) -> str:
-    """Intel naming: '0000:00:02.0' + '0x7d55' -> '0000-00-02-0-0x7d55'."""
+    """A name from the PCI address and device ID: '0000:00:02.0' + '0x7d55' ->
+    '0000-00-02-0-0x7d55'."""
     return dns_label(f"{pci_address.replace(':', '-').replace('.', '-')}-{pci_id}")
 
 

@@ -39,8 +39,10 @@ class _Scan:
     def __call__(self) -> udev.UdevScan:
         if self.result is None:
             classes = {v.pci_vendor_id: v.pci_classes for v in registry.VENDORS}
+            platform = tuple(p for v in registry.VENDORS for p in v.platform_devices)
+            subsystems = tuple(s for v in registry.VENDORS for s in v.udev_subsystems)
             try:
-                self.result = udev.scan(classes)
+                self.result = udev.scan(classes, platform, subsystems)
             except udev.DiscoveryError as exc:
                 self.result = exc
         if isinstance(self.result, udev.DiscoveryError):
@@ -54,15 +56,14 @@ def discover(cfg: Config) -> Inventory:
     skipped: list[Unpublished] = []
     scan = _Scan()
     for name in cfg.vendors:
-        vendor = registry.get(name)
-        settings = cfg.settings(name)
+        driver = cfg.driver(name)
         try:
-            found = vendor.discover(settings, scan, cfg.host_root)
+            found = driver.discover(scan, cfg.host_root)
         except udev.DiscoveryError as exc:
             notes.append(f"{name}: udev discovery failed: {exc}")
-            devices[settings.driver_name] = ()
+            devices[driver.driver_name] = ()
             continue
-        devices[settings.driver_name] = found.devices
+        devices[driver.driver_name] = found.devices
         notes += found.notes
         skipped += found.unpublished
     if isinstance(scan.result, udev.UdevScan):

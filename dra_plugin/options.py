@@ -36,15 +36,15 @@ class Option:
     commands: tuple[str, ...] = RUN_ONLY  # the commands that take it as a flag
 
 
+# The vendors are the registry's to name: config.command_options() fills in the known
+# vendors ({known}) and the default (vendors.registry.DEFAULT_ENABLED).
+VENDORS_OPTION = Option(
+    "--vendors", "VENDORS", "comma-separated vendors to enable ({known})", "", commands=EVERY
+)
+
 COMMON = (
     Option("--node-name", "NODE_NAME", "Kubernetes node this plugin serves", "", commands=EVERY),
-    Option(
-        "--vendors",
-        "VENDORS",
-        "comma-separated vendors to enable (intel,nvidia,amd)",
-        "intel,nvidia",
-        commands=EVERY,
-    ),
+    VENDORS_OPTION,
     Option(
         "--host-root",
         "HOST_ROOT",

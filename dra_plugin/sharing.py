@@ -7,7 +7,7 @@ it consumed (`consumedCapacity`); the kubelet passes the shareID back in prepare
 
 Other capacities of a shared device need a request policy too: without one, a claim that
 does not mention a capacity consumes all of it, so the second share would never fit.
-`memory` (NVIDIA, from NVML) therefore becomes consumable with a default of memory/N per
+`memory` (where a vendor publishes it) therefore becomes consumable with a default of memory/N per
 claim when asked for, and is left out otherwise. Nothing here enforces memory or compute
 limits on the GPU: the scheduler only keeps the books.
 """

@@ -24,7 +24,7 @@ class ClaimError(Exception):
 
 
 def base_request(request: str) -> str:
-    """`gpu/intel` (a prioritized-list subrequest) -> `gpu`: the name pods refer to."""
+    """`gpu/fast` (a prioritized-list subrequest) -> `gpu`: the name pods refer to."""
     return request.split("/", 1)[0]
 
 

@@ -7,12 +7,16 @@ from dra_plugin.config import Config
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors import registry
+from dra_plugin.vendors.base import Vendor
 
-VFIO_DRIVERS = ("vfio-pci", "xe-vfio-pci")
 
-
-def _vendor_of(g: PciGpu) -> registry.AnyVendor | None:
+def _vendor_of(g: PciGpu) -> Vendor | None:
     return registry.by_pci_vendor("0x" + g.vendor)
+
+
+def vfio_drivers() -> frozenset[str]:
+    """Every VFIO driver some vendor's GPUs may be bound to (the vendors declare them)."""
+    return frozenset(d for v in registry.VENDORS for d in v.vfio_drivers)
 
 
 def check_pci(
@@ -28,14 +32,13 @@ def check_pci(
             )
         ]
     out: list[Finding] = []
+    passthrough = vfio_drivers()
     for g in gpus:
         vendor = _vendor_of(g)
         want = vendor.kernel_drivers if vendor is not None else ()
         ours = vendor is not None and vendor.name in cfg.vendors
         published_vfio = (
-            vendor.passthrough_drivers(cfg.settings(vendor.name))
-            if vendor is not None and ours
-            else ()
+            cfg.driver(vendor.name).passthrough_drivers() if vendor is not None and ours else ()
         )
         if g.driver in want:
             note = "" if ours else " (not a vendor this plugin publishes)"
@@ -49,7 +52,7 @@ def check_pci(
                     f"{g.label} bound to {g.driver}: published for VM passthrough ({switch})",
                 )
             )
-        elif g.driver in VFIO_DRIVERS:
+        elif g.driver in passthrough:
             switch = vendor.passthrough_switch if vendor is not None and ours else ""
             out.append(
                 Finding(
@@ -63,7 +66,8 @@ def check_pci(
                 )
             )
         elif g.driver is None:
-            module_in = loaded is not None and any(host.module_loaded(loaded, m) for m in want)
+            modules = (vendor.kernel_modules or want) if vendor is not None else ()
+            module_in = loaded is not None and any(host.module_loaded(loaded, m) for m in modules)
             why = (
                 "its module is loaded, so the driver refused the card: read `dmesg` for the "
                 "probe error (unsupported card for this driver version, BAR space: enable "
@@ -87,7 +91,11 @@ def check_pci(
                     "pci",
                     f"{g.label} is bound to {g.driver}, not {'/'.join(want)}",
                     f"bind {'/'.join(want)} instead"
-                    + (" (blacklist nouveau)" if g.driver == "nouveau" else ""),
+                    + (
+                        f" (blacklist {g.driver})"
+                        if vendor is not None and g.driver in vendor.rival_drivers
+                        else ""
+                    ),
                 )
             )
     if not any((v := _vendor_of(g)) is not None and v.name in cfg.vendors for g in gpus):

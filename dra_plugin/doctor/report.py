@@ -207,7 +207,7 @@ def run_doctor(
     vendor_findings: list[Finding] = []
     for vendor in registry.VENDORS:
         ctx = DoctorContext(host, bus, loaded, talos, enabled=vendor.name in cfg.vendors)
-        vendor_findings += vendor.doctor(cfg.settings(vendor.name), ctx)
+        vendor_findings += cfg.driver(vendor.name).doctor(ctx)
     pci = check_pci(cfg, host, gpus, loaded)
     if any(f.check == "pci" and f.status is Status.FAIL for f in vendor_findings):
         # A vendor explained the empty bus (a card its module cannot see): no generic WARN.

@@ -151,8 +151,8 @@ def add_dir_fix(state: ContainerdCdi, directory: str | Path, talos: bool) -> Fix
     """The exact change that makes containerd read `directory` too.
 
     The directories already listed are kept (TOML merging replaces a list, it does not
-    extend it): on Talos 1.13+ that keeps /run/cdi, where system extensions such as
-    NVIDIA's write their own specs (/run/cdi/nvidia.yaml).
+    extend it): on Talos 1.13+ that keeps /run/cdi, where system extensions (a GPU
+    vendor's container toolkit) write their own specs.
     """
     section = state.section(talos)
     wanted = [*state.effective_dirs, str(directory)]

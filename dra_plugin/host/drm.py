@@ -1,7 +1,7 @@
 """DRM GPUs from one udev scan: each PCI function of a vendor either becomes Devices or an
 Unpublished entry with the reason, so `discover` and `doctor` can say why a card is missing.
 
-Vendors that read DRM devices (vendors/intel, vendors/amd) call `partition` with their
+Vendors that read DRM devices (those with `drm_hotplug`) call `partition` with their
 own skip rule and device builder; what is vendor-specific stays in their folders.
 """
 

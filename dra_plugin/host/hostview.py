@@ -164,7 +164,7 @@ def _max_link(dev: Path) -> Link | None:
 
 def switch_port(host: Host, address: str, vendor: str) -> tuple[str, Link, Link | None] | None:
     """The topmost bridge of `vendor` above a GPU (the upstream port of a switch on the
-    card itself, as on Radeon RX 6000/7000 boards) with its link: (address, current, max).
+    card itself, as on some consumer boards) with its link: (address, current, max).
     The GPU's own link then only describes the on-board hop; the slot's is this one."""
     dev = host.path(f"/sys/bus/pci/devices/{address}")
     if not dev.is_symlink():

@@ -91,13 +91,21 @@ class DrmMonitor:
         if thread is None:
             return
         os.write(self._wake_w, b"x")
-        thread.join(timeout=5)
+        self.join(5)
         if thread.is_alive():  # stuck in on_change: leave its fds open, it is a daemon thread
             log.warning("drm monitor thread did not stop within 5 s")
         else:
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
         self._thread, self._monitors = None, ()
+
+    def join(self, timeout: float) -> bool:
+        """Wait for the listener thread (stop() still joins it: see issue #27, item 3)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def _run(self) -> None:
         by_fd = {m.fileno(): m for m in self._monitors}

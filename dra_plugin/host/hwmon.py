@@ -1,4 +1,4 @@
-"""PCI sysfs and hwmon values shared by the Intel and AMD telemetry readers.
+"""PCI sysfs and hwmon values shared by the vendors' sysfs telemetry readers.
 
 Plain file reads of `/sys/bus/pci/devices/<address>` and its `hwmon/hwmonK/` (the
 kernel's hwmon ABI: energy in microjoules, power in microwatts, temperature in
@@ -157,7 +157,7 @@ class HwmonReader:
 
 
 class SysfsGpuReader:
-    """What the Intel and AMD readers share: the sysfs root, hwmon state per device
+    """What the sysfs readers share: the sysfs root, hwmon state per device
     (energy -> power needs the previous sample), and forgetting a vanished device."""
 
     def __init__(self, sysfs_root: Path = Path("/sys")) -> None:

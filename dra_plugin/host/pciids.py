@@ -1,7 +1,7 @@
 """Device names from the host's pci.ids database (the file lspci reads).
 
-A GPU bound to vfio-pci has no driver to name it (no NVML, no `product_name`), so the
-vendors that publish VFIO-bound GPUs name them the way NVIDIA's driver does: the device
+A GPU bound to vfio-pci has no driver to name it (no vendor library, no `product_name`),
+so the vendors that publish VFIO-bound GPUs name them as a vendor library would: the device
 line of pci.ids for its vendor and device id, e.g. "GA100 [A100 SXM4 40GB]".
 """
 

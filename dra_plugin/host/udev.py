@@ -1,9 +1,9 @@
 """libudev access: the only module that imports pyudev.
 
 `scan()` takes one snapshot of what the vendors' DRM discovery (vendors/*/devices.py)
-needs: the display and accelerator PCI
-functions of GPU vendors, their DRM `cardN`/`renderDN` minors, AMD's platform partition
-devices (`amdgpu_xcp_*`) and the KFD node (`/dev/kfd`). The uevent sockets the hotplug
+needs: the display and accelerator PCI functions of GPU vendors, their DRM
+`cardN`/`renderDN` minors, the platform devices vendors name for their partitions
+(`Vendor.platform_devices`) and the vendors' other device nodes. The uevent sockets the hotplug
 monitor (host/hotplug.py) listens on are opened and drained here too.
 
 Only libudev and sysfs are read: nothing opens /dev/dri, so discovery needs no DRM
@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyudev
@@ -40,9 +40,8 @@ DEV_DRI = "/dev/dri"
 _CARD = re.compile(r"^card(\d+)$")
 _RENDER = re.compile(r"^renderD(\d+)$")
 # Kernel uevent PCI_CLASS is hex without leading zeros: display controllers are 3xxxx,
-# processing accelerators (AMD Instinct MI300 and newer) 12xxxx.
+# processing accelerators (data-centre GPUs of recent generations) 12xxxx.
 _GPU_CLASS_PROP = re.compile(r"^(3[0-9A-Fa-f]{4}|12[0-9A-Fa-f]{4})$")
-XCP_PREFIX = "amdgpu_xcp"  # platform devices amdgpu creates for partitions 1..n-1
 
 
 class DiscoveryError(RuntimeError):
@@ -101,9 +100,10 @@ Minors = Mapping[str, DrmMinor]  # "card"/"render" -> minor
 class UdevScan:
     gpus: tuple[PciGpu, ...]
     minors: Mapping[str, Minors]  # PCI sys_path -> its DRM minors
-    partitions: Mapping[str, Minors] = field(default_factory=dict)  # amdgpu_xcp sys_path
-    kfd: DeviceNode | None = None
-    kfd_sys_path: str | None = None
+    partitions: Mapping[str, Minors] = field(default_factory=dict)  # partition sys_path
+    # subsystem -> (its character device node, its sys_path): the one node per host of
+    # each subsystem a vendor named (`Vendor.udev_subsystems`), e.g. a compute node
+    nodes: Mapping[str, tuple[DeviceNode, str]] = field(default_factory=dict)
 
 
 # --- reading sysfs -------------------------------------------------------------------
@@ -177,10 +177,14 @@ def _pci_gpu(pci: pyudev.Device, classes: GpuClasses) -> PciGpu | None:
     )
 
 
-def _drm_minors(ctx: pyudev.Context) -> tuple[dict[str, dict[str, DrmMinor]], dict[str, Minors]]:
-    """(PCI sys_path -> minors, amdgpu_xcp platform sys_path -> minors)."""
+def _drm_minors(
+    ctx: pyudev.Context, platform_devices: Sequence[str]
+) -> tuple[dict[str, dict[str, DrmMinor]], dict[str, Minors]]:
+    """(PCI sys_path -> minors, partition platform sys_path -> minors); partitions are
+    platform devices whose name starts with one of `platform_devices`."""
+    prefixes = tuple(platform_devices)
     by_pci: dict[str, dict[str, DrmMinor]] = {}
-    by_xcp: dict[str, dict[str, DrmMinor]] = {}
+    by_platform: dict[str, dict[str, DrmMinor]] = {}
     for drm in ctx.list_devices(subsystem="drm"):
         match = _CARD.match(drm.sys_name) or _RENDER.match(drm.sys_name)
         if match is None:
@@ -190,47 +194,50 @@ def _drm_minors(ctx: pyudev.Context) -> tuple[dict[str, dict[str, DrmMinor]], di
             target = by_pci.setdefault(pci.sys_path, {})
         else:
             platform = drm.find_parent("platform")
-            if platform is None or not platform.sys_name.startswith(XCP_PREFIX):
+            if platform is None or not prefixes or not platform.sys_name.startswith(prefixes):
                 continue  # simpledrm, vgem: no GPU behind them
-            target = by_xcp.setdefault(platform.sys_path, {})
+            target = by_platform.setdefault(platform.sys_path, {})
         index = int(match.group(1))
         devnum = drm.device_number
         major, minor = (os.major(devnum), os.minor(devnum)) if devnum else (DRM_MAJOR, index)
         node = DeviceNode(drm.device_node or f"{DEV_DRI}/{drm.sys_name}", major, minor)
         kind = "card" if drm.sys_name.startswith("card") else "render"
         target[kind] = DrmMinor(node, drm.sys_path)
-    return by_pci, dict(by_xcp)
+    return by_pci, dict(by_platform)
 
 
-def _kfd(ctx: pyudev.Context) -> tuple[DeviceNode | None, str | None]:
-    """The ROCm compute node /dev/kfd (one per host; its major is dynamic)."""
-    for dev in ctx.list_devices(subsystem="kfd"):
+def _node(ctx: pyudev.Context, subsystem: str) -> tuple[DeviceNode, str] | None:
+    """The first character device of `subsystem` (one per host; its major is dynamic)."""
+    for dev in ctx.list_devices(subsystem=subsystem):
         devnum = dev.device_number
         if not devnum:
             continue
-        path = dev.device_node or "/dev/kfd"
+        path = dev.device_node or f"/dev/{subsystem}"
         return DeviceNode(path, os.major(devnum), os.minor(devnum)), dev.sys_path
-    return None, None
+    return None
 
 
-def scan(classes: GpuClasses) -> UdevScan:
+def scan(
+    classes: GpuClasses, platform_devices: Sequence[str] = (), subsystems: Sequence[str] = ()
+) -> UdevScan:
     """One snapshot of the node's GPU PCI functions (of the vendors and classes in
-    `classes`), DRM minors, partitions and KFD.
+    `classes`), DRM minors, partitions (platform devices named by a prefix in
+    `platform_devices`) and the node of each of `subsystems`.
 
     Raises DiscoveryError only when libudev itself is unusable.
     """
     ctx = context()
     try:
-        minors, partitions = _drm_minors(ctx)
+        minors, partitions = _drm_minors(ctx, platform_devices)
         gpus = tuple(
             gpu
             for pci in ctx.list_devices(subsystem="pci")
             if (gpu := _pci_gpu(pci, classes)) is not None
         )
-        kfd, kfd_path = _kfd(ctx)
+        nodes = {s: n for s in subsystems if (n := _node(ctx, s)) is not None}
     except (OSError, pyudev.DeviceNotFoundError) as exc:
         raise DiscoveryError(f"cannot enumerate DRM/PCI devices: {exc}") from exc
-    return UdevScan(gpus, minors, partitions, kfd, kfd_path)
+    return UdevScan(gpus, minors, partitions, nodes)
 
 
 def by_path_nodes(pci_address: str, minors: Minors) -> list[DeviceNode]:

@@ -1,6 +1,6 @@
 """VFIO passthrough facts of a PCI function, the same for every vendor.
 
-A GPU bound to a VFIO driver (`vfio-pci`, `xe-vfio-pci`, ...: the caller names them) is
+A GPU bound to a VFIO driver (`vfio-pci` or a vendor's variant: the caller names them) is
 handed to a container as device nodes rather than DRM minors:
 
 - `/dev/vfio/vfio`, the legacy container node, and `/dev/vfio/<group>`, its IOMMU

@@ -1,6 +1,6 @@
 """Device health: one place that knows each published device's health and why.
 
-Monitors (NVML events, udev) report changes; discovery reports the device list. The
+Monitors (vendor library events, udev) report changes; discovery reports the device list. The
 tracker merges both, hands the daemon devices with their health applied (for slices:
 the `health` attribute and taints) and feeds the kubelet's health stream, which always
 carries the full list of a driver's devices.

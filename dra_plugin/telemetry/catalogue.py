@@ -1,6 +1,6 @@
 """GPU telemetry as plain values: the series catalogue and what one sample holds.
 
-Pure data. The readers (nvml/readings.py, intel/telemetry.py, amd/telemetry.py, hwmon.py) produce
+Pure data. The readers (each vendor's telemetry.py, on host/hwmon.py for sysfs) produce
 `Reading`s, the sampler (sampler.py) assembles them into an immutable `Snapshot`, and
 metrics.py turns the latest snapshot into Prometheus families on each scrape.
 

@@ -34,8 +34,8 @@ T = TypeVar("T")
 
 
 async def _on_daemon_thread(fn: Callable[[], T]) -> T:
-    """fn() on a fresh daemon thread. Not the loop's default executor: a GPU stuck in an
-    NVML call would keep that executor's thread, and with it the process, from exiting."""
+    """fn() on a fresh daemon thread. Not the loop's default executor: a GPU stuck in a
+    vendor library call would keep that executor's thread, and with it the process, from exiting."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[T] = loop.create_future()
 

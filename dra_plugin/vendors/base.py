@@ -1,10 +1,16 @@
 """The vendor interface: everything the core asks of a GPU vendor, and nothing more.
 
-A vendor is a stateless object registered in `vendors.registry`. The core (config,
-inventory, daemon, CDI rendering, the telemetry sampler, doctor) loops over the enabled
-vendors and calls these hooks; it never names a vendor. A vendor's own settings are a
-frozen value it parses from its own flags (`options()` / `configure()`), and every hook
-receives that value back.
+Two objects per vendor:
+
+- `Vendor`, registered once in `vendors.registry`: the facts about the vendor's hardware
+  (PCI vendor ID, kernel drivers, passthrough drivers), its flags (`options()`), and
+  `configure()`, which parses them.
+- `Driver`, what `configure()` returns: one DRA driver of that vendor, bound to its parsed
+  settings. It owns its state openly (its monitors, library handles, the last CDI plan) and
+  its hooks take no settings argument.
+
+The core (config, inventory, daemon, CDI rendering, the telemetry sampler, doctor) loops
+over the enabled drivers and calls these hooks; it never names a vendor.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Generic, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from dra_plugin.cdi.claims import ClaimEdits, device_node_edits
 from dra_plugin.devices import Device, Health, valid_driver_name
@@ -47,9 +53,6 @@ class VendorSettings(Protocol):
     def sharing(self) -> Sharing | None: ...
 
 
-S = TypeVar("S", bound=VendorSettings)
-
-
 @dataclass(frozen=True)
 class Discovered:
     """One vendor's discovery pass."""
@@ -67,11 +70,19 @@ class DrmScan(Protocol):
 
 
 class Monitor(Protocol):
-    """A background watcher (hotplug, health). start() may block briefly; stop() must not."""
+    """A background watcher (hotplug, health).
+
+    start() may block briefly. stop() only signals and never blocks, so the daemon can
+    tell every monitor to stop at once; join() then waits off the event loop."""
 
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the monitor's thread to end; True when it has
+        (or never ran)."""
+        ...
 
 
 DrmEventHandler = Callable[[DrmEvent], object]
@@ -79,6 +90,11 @@ DrmEventHandler = Callable[[DrmEvent], object]
 
 def _no_drm_events(handler: DrmEventHandler) -> None:
     """No DRM uevent listener runs (no vendor asked for drm_hotplug)."""
+
+
+def _no_devices() -> Sequence[Device]:
+    """No device list is followed (the caller did not provide one)."""
+    return ()
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,9 @@ class MonitorHooks:
     # Subscribe to every DRM card uevent (GPU hang/reset/wedge notices, (re)binds) from
     # the core's one udev listener; the handler runs in the listener's thread.
     drm_events: Callable[[DrmEventHandler], None] = _no_drm_events
+    # This driver's currently published devices, for monitors that follow the device list
+    # as it changes (GPUs and MIG devices that appear after start).
+    current_devices: Callable[[], Sequence[Device]] = _no_devices
 
 
 class ReadError(Exception):
@@ -120,15 +139,30 @@ class DoctorContext:
     enabled: bool  # whether this vendor is in VENDORS
 
 
-class Vendor(ABC, Generic[S]):
-    """One GPU vendor. Subclasses set the class facts and implement the hooks."""
+class Vendor(ABC):
+    """One GPU vendor's facts and flags. Subclasses set the class facts, `options()` and
+    `configure()`; the hooks are on the `Driver` that `configure()` returns."""
 
     name: ClassVar[str]  # the word in VENDORS, and Device.vendor
     title: ClassVar[str]  # how people spell it: "Intel", "NVIDIA"
     pci_vendor_id: ClassVar[str]  # as sysfs writes it: "0x8086"
     pci_classes: ClassVar[tuple[str, ...]] = ("0x03",)  # PCI class prefixes of its GPUs
     kernel_drivers: ClassVar[tuple[str, ...]] = ()  # drivers that make its GPUs usable
+    # Kernel modules doctor expects loaded for this vendor (usually its kernel drivers).
+    kernel_modules: ClassVar[tuple[str, ...]] = ()
+    # VFIO drivers its GPUs may be bound to for VM passthrough (published when the
+    # passthrough switch is on); doctor and the core take the union over vendors.
+    vfio_drivers: ClassVar[tuple[str, ...]] = ()
+    # udev subsystems of host-wide character devices its GPUs need (e.g. a compute node);
+    # the scan returns one node of each (UdevScan.nodes).
+    udev_subsystems: ClassVar[tuple[str, ...]] = ()
+    # Other kernel drivers that claim its GPUs and must be blacklisted for its own.
+    rival_drivers: ClassVar[tuple[str, ...]] = ()
+    # DRM platform-device names that hang off its GPUs (partitions) and are not GPUs.
+    platform_devices: ClassVar[tuple[str, ...]] = ()
     drm_hotplug: ClassVar[bool] = False  # rescan on DRM uevents
+    # A likely cause of `discover` finding no GPU at all, beyond an unloaded kernel driver.
+    no_gpu_hint: ClassVar[str] = ""
     kernel_label: ClassVar[str] = ""  # `discover`'s KERNEL column when no driver attribute
     passthrough_switch: ClassVar[str] = ""  # the setting that publishes VFIO-bound GPUs
 
@@ -137,36 +171,80 @@ class Vendor(ABC, Generic[S]):
         """This vendor's flags (with env twins), for every command."""
 
     @abstractmethod
-    def configure(self, raw: Raw) -> S:
-        """Parse this vendor's flags (raw values by attr_name) or raise ConfigError."""
-
-    @abstractmethod
-    def discover(self, settings: S, scan: DrmScan, host_root: Path) -> Discovered:
-        """This vendor's allocatable devices (sorted by name), notes and unpublished GPUs."""
-
-    def claim_edits(self, settings: S, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
-        """What a claim holding `devices` (all of this vendor) injects; raises CdiError."""
-        return device_node_edits(devices)
-
-    def passthrough_drivers(self, settings: S) -> tuple[str, ...]:
-        """VFIO drivers whose GPUs this vendor publishes for passthrough (host/vfio.py)."""
-        return ()
-
-    def monitors(self, settings: S, hooks: MonitorHooks) -> list[Monitor]:
-        """Health and event watchers for this vendor (DRM hotplug is the core's)."""
-        return []
-
-    def telemetry(self, settings: S, monitors: Sequence[Monitor]) -> TelemetryReader | None:
-        """The reader the sampler uses for this vendor's devices (None: no telemetry)."""
-        return None
-
-    def doctor(self, settings: S, ctx: DoctorContext) -> list[Finding]:
-        """This vendor's node checks."""
-        return []
+    def configure(self, raw: Raw) -> Driver:
+        """Parse this vendor's flags (raw values by attr_name) into a bound driver, or
+        raise ConfigError."""
 
     def not_published(self, gpu_driver: str | None) -> str:
         """Why a GPU of this vendor is not published while the vendor is not enabled."""
         return f"{self.title} GPU: the {self.name} vendor is not enabled (add it to VENDORS)"
+
+
+D = TypeVar("D", bound="Driver")
+
+
+class Driver(ABC):
+    """One DRA driver of a vendor, bound to that vendor's parsed settings.
+
+    Subclasses narrow `settings` to their own frozen settings type and keep whatever
+    state their hooks share (monitors, library handles) as plain attributes."""
+
+    vendor: Vendor
+    settings: VendorSettings
+
+    def __init__(self, vendor: Vendor, settings: VendorSettings) -> None:
+        self.vendor = vendor
+        self.settings = settings
+
+    def rebound(self: D, settings: VendorSettings) -> D:
+        """A fresh driver of the same vendor with other settings (and no state)."""
+        return type(self)(self.vendor, settings)
+
+    @property
+    def driver_name(self) -> str:
+        return self.settings.driver_name
+
+    @property
+    def sharing(self) -> Sharing | None:
+        return self.settings.sharing
+
+    @property
+    def vfio(self) -> bool:
+        """Whether this driver publishes its vendor's VFIO-bound GPUs."""
+        return False
+
+    @abstractmethod
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        """This driver's allocatable devices (sorted by name), notes and unpublished GPUs."""
+
+    def claim_edits(self, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
+        """What a claim holding `devices` (all of this driver) injects; raises CdiError."""
+        return device_node_edits(devices)
+
+    def passthrough_drivers(self) -> tuple[str, ...]:
+        """VFIO drivers whose GPUs this driver publishes for passthrough (host/vfio.py)."""
+        return self.vendor.vfio_drivers if self.vfio else ()
+
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        """Health and event watchers for this driver (DRM hotplug is the core's). The
+        driver keeps what `telemetry()` needs of them."""
+        return []
+
+    def telemetry(self) -> TelemetryReader | None:
+        """The reader the sampler uses for this driver's devices (None: no telemetry).
+        Called after `monitors()`."""
+        return None
+
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
+        """This driver's node checks."""
+        return []
+
+
+def as_driver(driver: Driver, kind: type[D]) -> D:
+    """`driver` as the vendor's own Driver subclass (for code that knows which it is)."""
+    if not isinstance(driver, kind):
+        raise TypeError(f"{driver.vendor.name} driver is not a {kind.__name__}")
+    return driver
 
 
 # --- settings every vendor has: its driver name, and sharing ------------------------------
@@ -202,6 +280,23 @@ def sharing_options(
             commands=RUN_DISCOVER,
         ),
     )
+
+
+def vfio_option(vendor: str, title: str, drivers: str, kind: str = "") -> Option:
+    """The switch that also publishes a vendor's VFIO-bound GPUs (`Driver.vfio`)."""
+    return Option(
+        f"--{vendor}-vfio",
+        f"{vendor.upper()}_VFIO",
+        f"also publish {title} GPUs bound to {drivers} (VM passthrough; {kind}claims get "
+        "/dev/vfio nodes); drivers are never rebound",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,  # it changes what is published
+    )
+
+
+def parse_vfio(vendor: str, raw: Raw) -> bool:
+    return raw[f"{vendor}_vfio"] == "true"
 
 
 def parse_driver_name(vendor: str, raw: Raw) -> str:

@@ -75,11 +75,11 @@ def test_the_plugin_accepts_the_chart_environment(
     assert cfg.cdi_max_version == values["cdi"]["maxVersion"]
     assert cfg.shutdown_grace_seconds == values["shutdownGraceSeconds"]
     if "nvidia" in enabled:
-        assert cfg.settings("nvidia").cdi_strategy == values["nvidia"]["cdiStrategy"]
+        assert cfg.driver("nvidia").settings.cdi_strategy == values["nvidia"]["cdiStrategy"]
     if "amd" in enabled:
-        assert cfg.settings("amd").ras_poll_seconds == values["amd"]["rasPollSeconds"]
+        assert cfg.driver("amd").settings.ras_poll_seconds == values["amd"]["rasPollSeconds"]
     if "intel" in enabled:
-        rule = cfg.settings("intel").hang_rule
+        rule = cfg.driver("intel").settings.hang_rule
         assert rule.threshold == values["intel"]["hangThreshold"]
         assert rule.window == values["intel"]["hangWindowSeconds"]
     for vendor in enabled:
@@ -120,19 +120,19 @@ def test_discovery_and_driver_mounts(value_set: str | None, rendered: list[Manif
     assert mounts["/run/udev"] == ("/run/udev", True)
     assert mounts["/tmp"] == (None, False)  # writable scratch on a read-only root
     if "nvidia" in cfg.vendors:
-        for directory in cfg.settings("nvidia").toolkit_cdi_dirs:
+        for directory in cfg.driver("nvidia").settings.toolkit_cdi_dirs:
             mount, host, _ = _covering_mount(directory, mounts)
             assert mount == host == str(directory)
         expected = {str(PurePosixPath(d)) for d in values["nvidia"]["toolkitCdiDirs"]}
-        assert {str(d) for d in cfg.settings("nvidia").toolkit_cdi_dirs} == expected
+        assert {str(d) for d in cfg.driver("nvidia").settings.toolkit_cdi_dirs} == expected
         root = values["nvidia"]["driverRoot"]
         if root == "/":
             # Read through the host root; the plugin sees the host's / at HOST_ROOT.
-            assert cfg.settings("nvidia").driver_root == cfg.host_root
+            assert cfg.driver("nvidia").settings.driver_root == cfg.host_root
         elif root:
             # Mounted at its host path, so CDI specs name host paths.
-            assert mounts[str(cfg.settings("nvidia").driver_root)] == (root, True)
-            assert str(cfg.settings("nvidia").driver_root) == root
+            assert mounts[str(cfg.driver("nvidia").settings.driver_root)] == (root, True)
+            assert str(cfg.driver("nvidia").settings.driver_root) == root
         else:
             assert "NVIDIA_DRIVER_ROOT" not in _env(rendered)
     host_root = values["hostRoot"]["mount"]

@@ -9,7 +9,6 @@ real `dra-plugin` entry point, as a downstream build would.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from dra_plugin.vendors.base import (
     BasicSettings,
     Discovered,
     DoctorContext,
+    Driver,
     DrmScan,
-    Monitor,
     ReadError,
     TelemetryReader,
     Vendor,
@@ -59,7 +58,7 @@ class AcmeReader:
         pass  # plain file reads
 
 
-class AcmeVendor(Vendor[AcmeSettings]):
+class AcmeVendor(Vendor):
     name = ACME
     title = "Acme"
     pci_vendor_id = "0x1234"
@@ -72,37 +71,43 @@ class AcmeVendor(Vendor[AcmeSettings]):
             *sharing_options(ACME, "Acme GPU", "one claim per GPU", "several claims share one"),
         )
 
-    def configure(self, raw: Raw) -> AcmeSettings:
+    def configure(self, raw: Raw) -> AcmeDriver:
         basic = BasicSettings.parse(ACME, raw)
-        return AcmeSettings(
+        settings = AcmeSettings(
             basic.driver_name, basic.sharing_mode, basic.shares, Path(raw["acme_root"])
         )
+        return AcmeDriver(self, settings)
 
-    def discover(self, settings: AcmeSettings, scan: DrmScan, host_root: Path) -> Discovered:
-        cards = sorted(p for p in settings.root.glob("acme-*") if p.is_dir())
+
+class AcmeDriver(Driver):
+    def __init__(self, vendor: Vendor, settings: AcmeSettings) -> None:
+        self.vendor = vendor
+        self.settings: AcmeSettings = settings
+
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        root = self.settings.root
+        cards = sorted(p for p in root.glob("acme-*") if p.is_dir())
         devices = tuple(
             make_device(
                 name=card.name,
                 vendor=ACME,
-                driver=settings.driver_name,
+                driver=self.settings.driver_name,
                 attributes={"model": (card / "model").read_text().strip(), "type": "gpu"},
                 nodes=[DeviceNode(f"/dev/acme{minor}", MAJOR, minor)],
             )
             for card in cards
             if (minor := int((card / "minor").read_text())) >= 0
         )
-        notes = () if devices else (f"acme: no card under {settings.root}",)
+        notes = () if devices else (f"acme: no card under {root}",)
         return Discovered(devices, notes)
 
-    def telemetry(
-        self, settings: AcmeSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
-        return AcmeReader(settings.root)
+    def telemetry(self) -> TelemetryReader | None:
+        return AcmeReader(self.settings.root)
 
-    def doctor(self, settings: AcmeSettings, ctx: DoctorContext) -> list[Finding]:
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
         if not ctx.enabled:
             return []
-        cards = sorted(p.name for p in settings.root.glob("acme-*"))
+        cards = sorted(p.name for p in self.settings.root.glob("acme-*"))
         return [Finding(Status.PASS, "acme", f"{len(cards)} Acme GPU(s): {', '.join(cards)}")]
 
 

@@ -31,7 +31,6 @@ from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors import registry
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.nvidia.model import NVIDIA
 
@@ -164,11 +163,10 @@ def vendor_edits(nvidia_strategy: str = "auto") -> Callable[[Sequence[Device]], 
     """Claim edits as the daemon makes them: from the devices' vendor, default settings."""
 
     def edits(devices: Sequence[Device]) -> cdi.ClaimEdits:
-        vendor = registry.get(devices[0].vendor)
-        settings = Config().settings(vendor.name)
-        if vendor.name == NVIDIA:
-            settings = replace(settings, cdi_strategy=nvidia_strategy)
-        return vendor.claim_edits(settings, devices, Path("/"))
+        driver = Config().driver(devices[0].vendor)
+        if driver.vendor.name == NVIDIA:
+            driver = driver.rebound(replace(driver.settings, cdi_strategy=nvidia_strategy))
+        return driver.claim_edits(devices, Path("/"))
 
     return edits
 

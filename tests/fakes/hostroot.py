@@ -61,8 +61,9 @@ class HostRoot:
         base = Config(command="doctor", node_name="node-1", host_root=self.root)
         cfg = replace(base, **overrides)  # type: ignore[arg-type]
         if driver_root is not None:  # NVIDIA's own setting lives in its settings value
-            nvidia = replace(cfg.settings("nvidia"), driver_root=Path(str(driver_root)))
-            cfg = replace(cfg, vendor_settings={**cfg.vendor_settings, "nvidia": nvidia})
+            nvidia = cfg.driver("nvidia")
+            nvidia = nvidia.rebound(replace(nvidia.settings, driver_root=Path(str(driver_root))))
+            cfg = replace(cfg, vendor_drivers={**cfg.vendor_drivers, "nvidia": nvidia})
         return cfg
 
     # --- sysfs ------------------------------------------------------------------------

@@ -877,11 +877,11 @@ def drm_discover(
 
     names = {v: n for v, n in (("intel", intel), ("amd", amd)) if n}
     base = Config(vendors=tuple(names), host_root=host_root)
-    settings = {
-        v: replace(s, driver_name=names[v]) if v in names else s
-        for v, s in base.vendor_settings.items()
+    drivers = {
+        v: d.rebound(replace(d.settings, driver_name=names[v])) if v in names else d
+        for v, d in base.vendor_drivers.items()
     }
-    inv = inventory.discover(replace(base, vendor_settings=settings))
+    inv = inventory.discover(replace(base, vendor_drivers=drivers))
     devices = sorted((d for devs in inv.devices.values() for d in devs), key=lambda d: d.name)
     return DrmResult(tuple(devices), inv.skipped)
 

@@ -109,6 +109,7 @@ def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
         time.sleep(1.0)  # a few probe rounds and event waits on the real driver
     finally:
         mon.stop()
+        assert mon.join(5)
     assert not mon.running
     bad = [r for r in list(reports.queue) if r[1] is not Health.HEALTHY]
     assert not bad, f"healthy GPUs were reported unhealthy: {bad}"

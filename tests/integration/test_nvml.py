@@ -13,6 +13,7 @@ import os
 import queue
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -357,8 +358,10 @@ def monitor_for(
         return mon, rec
 
     yield make
-    for mon in started:
+    for mon in started:  # told together, then joined (stop() never blocks)
         mon.stop()
+    for mon in started:
+        assert mon.join(5)
 
 
 def emit(events: Path, *lines: str) -> None:
@@ -464,7 +467,55 @@ def test_stop_ends_the_thread(monitor_for: MonitorFactory) -> None:
     mon, _rec = monitor_for("datacenter")
     assert mon.running
     mon.stop()
+    assert mon.join(5)
     assert not mon.running
+
+
+class _Published:
+    """A driver's published device list that a test changes; `read` counts the monitor's
+    reads so the test knows when a change has been seen."""
+
+    def __init__(self, devices: list[Device]) -> None:
+        self.devices = devices
+        self._reads = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> list[Device]:
+        with self._cond:
+            self._reads += 1
+            self._cond.notify_all()
+            return list(self.devices)
+
+    def set(self, devices: list[Device]) -> None:
+        """Publish `devices` and return once the monitor has read them and finished the
+        cycle that registers them (the read after next)."""
+        with self._cond:
+            self.devices = devices
+            target = self._reads + 2
+            assert self._cond.wait_for(lambda: self._reads >= target, timeout=10)
+
+
+def test_monitor_follows_the_published_devices(
+    fake: FakeNvml, tmp_path: Path, events: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use(monkeypatch, "datacenter")
+    devs = by_name(discover(fake, tmp_path))
+    published = _Published([devs["gpu-0"]])  # gpu-3 (NVML index 1) appears later
+    rec = Recorder()
+    mon = NvmlHealthMonitor(fake.driver_root, published, rec, xid_ignore=(), wait_timeout_ms=50)
+    mon.start()
+    try:
+        published.set([devs["gpu-0"], devs["gpu-3"]])
+        emit(events, "xid 1 79")
+        assert rec.next() == ("gpu-3", Health.UNHEALTHY, "XID 79: GPU has fallen off the bus")
+        # gpu-0 goes away: its events are dropped; the second event shows the first ran.
+        published.set([devs["gpu-3"]])
+        emit(events, "xid 0 79", "xid 1 48")
+        assert rec.next() == ("gpu-3", Health.UNHEALTHY, "XID 48: double-bit ECC error")
+        rec.assert_quiet()
+    finally:
+        mon.stop()
+        assert mon.join(5)
 
 
 def test_monitor_without_nvml_reports_unknown(tmp_path: Path) -> None:
@@ -477,3 +528,31 @@ def test_monitor_without_nvml_reports_unknown(tmp_path: Path) -> None:
     assert (name, health) == ("gpu-0", Health.UNKNOWN)
     assert reason.startswith("health monitoring unavailable: libnvidia-ml.so.1 not found")
     mon.stop()
+    assert mon.join(0)  # no thread was started
+
+
+def test_every_vendor_monitor_stops_together_then_joins(
+    fake: FakeNvml, tmp_path: Path, events: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # stop() only signals, so the daemon tells all monitors at once and joins them off the
+    # loop: the NVML thread sits in a 3 s event wait, which stop() must not wait out.
+    from dra_plugin.vendors.amd.ras import RasWatcher
+    from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
+
+    use(monkeypatch, "datacenter")
+    devs = list(by_name(discover(fake, tmp_path)).values())
+    nv = NvmlHealthMonitor(fake.driver_root, devs, Recorder(), xid_ignore=(), wait_timeout_ms=3000)
+    waiting = threading.Event()
+    ras = RasWatcher(lambda: (waiting.set(), ())[1], lambda: None, interval=3600)
+    intel = IntelHealthMonitor(HangRule(), tuple, Recorder(), lambda handler: None)
+    monitors = [nv, ras, intel]
+    for m in monitors:
+        m.start()
+    assert nv.running and waiting.wait(10)  # both threads are in their waits
+    began = time.monotonic()
+    for m in monitors:
+        m.stop()
+    stopped = time.monotonic() - began
+    assert all(m.join(5) for m in monitors)
+    assert not nv.running
+    assert stopped < 0.5, f"stop() blocked for {stopped:.2f} s"

@@ -68,11 +68,14 @@ def test_config_amd_vendor_and_driver_name() -> None:
     cfg = parse(
         ["run", "--amd-driver-name", "amd.example.com"], {"NODE_NAME": "n", "VENDORS": "amd"}
     )
-    assert cfg.drivers == {"amd": "amd.example.com"} and cfg.settings("amd").ras_poll_seconds == 10
+    assert (
+        cfg.drivers == {"amd": "amd.example.com"}
+        and cfg.driver("amd").settings.ras_poll_seconds == 10
+    )
     assert (
         parse(["run"], {"NODE_NAME": "n", "AMD_RAS_POLL_SECONDS": "0"})
-        .settings("amd")
-        .ras_poll_seconds
+        .driver("amd")
+        .settings.ras_poll_seconds
         == 0
     )
 

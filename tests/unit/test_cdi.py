@@ -188,7 +188,7 @@ def test_options_from_config() -> None:
         ],
         env={},
     )
-    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
+    opts = nv_cdi.UserspaceOptions.of(cfg.driver("nvidia").settings, cfg.host_root)
     assert (cfg.cdi_max_version, opts.strategy) == ("0.6.0", "toolkit")
 
 
@@ -385,10 +385,10 @@ def test_listing_and_gc_touch_only_our_files(tmp_path: Path) -> None:
 
 def test_driver_root_under_host_mount_maps_to_host_paths() -> None:
     cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/host", "HOST_ROOT": "/host"})
-    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
+    opts = nv_cdi.UserspaceOptions.of(cfg.driver("nvidia").settings, cfg.host_root)
     assert opts.driver_root == Path("/host") and opts.host_driver_root == Path("/")
     cfg = parse(["run"], {"NODE_NAME": "n", "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver"})
-    opts = nv_cdi.UserspaceOptions.of(cfg.settings("nvidia"), cfg.host_root)
+    opts = nv_cdi.UserspaceOptions.of(cfg.driver("nvidia").settings, cfg.host_root)
     assert opts.host_driver_root == Path("/run/nvidia/driver")
 
 

@@ -87,6 +87,24 @@ def test_pci_vfio_is_a_warning(host: HostRoot) -> None:
     assert f.status is Status.WARN and "vfio-pci" in f.found and "passed through" in f.found
 
 
+def test_pci_nvgrace_passthrough_is_not_a_wrong_driver(host: HostRoot) -> None:
+    # Grace Hopper/Blackwell GPUs are passed through with nvgrace-gpu-vfio-pci, a driver
+    # NVIDIA declares: doctor once called it a wrong driver (FAIL, "bind nvidia instead").
+    from dataclasses import replace
+
+    host.pci_gpu("0009:01:00.0", "10de", "2342", driver="nvgrace-gpu-vfio-pci", link=(5, 16))
+    off = one(run(host, vendors=(NVIDIA,)), "pci")
+    assert off.status is Status.WARN, off
+    assert "passed through" in off.found and "set NVIDIA_VFIO=true" in off.action
+    cfg = host.config(vendors=(NVIDIA,), nvidia_driver_root=host.root / "no-driver")
+    nvidia = cfg.driver(NVIDIA)
+    nvidia = nvidia.rebound(replace(nvidia.settings, vfio=True))
+    cfg = replace(cfg, vendor_drivers={**cfg.vendor_drivers, NVIDIA: nvidia})
+    on = one(doctor.run_doctor(cfg), "pci")
+    assert on.status is Status.PASS
+    assert on.found.endswith("published for VM passthrough (NVIDIA_VFIO=true)")
+
+
 @pytest.mark.parametrize("driver", ["vfio-pci", "xe-vfio-pci"])
 def test_pci_intel_vfio_is_published_only_with_intel_vfio(host: HostRoot, driver: str) -> None:
     from dataclasses import replace
@@ -96,8 +114,9 @@ def test_pci_intel_vfio_is_published_only_with_intel_vfio(host: HostRoot, driver
     assert off.status is Status.WARN and "will not publish" in off.found
     assert "set INTEL_VFIO=true" in off.action
     cfg = host.config(vendors=(INTEL,), nvidia_driver_root=host.root / "no-driver")
-    intel = replace(cfg.settings(INTEL), vfio=True)
-    cfg = replace(cfg, vendor_settings={**cfg.vendor_settings, INTEL: intel})
+    intel = cfg.driver(INTEL)
+    intel = intel.rebound(replace(intel.settings, vfio=True))
+    cfg = replace(cfg, vendor_drivers={**cfg.vendor_drivers, INTEL: intel})
     on = one(doctor.run_doctor(cfg), "pci")
     assert on.status is Status.PASS
     assert on.found.endswith(f"bound to {driver}: published for VM passthrough (INTEL_VFIO=true)")

@@ -195,10 +195,10 @@ def test_telemetry_shows_the_kinds_each_kernel_driver_announces(tmp_path: Path) 
 
 def test_hang_flags_parse_and_refuse_bad_values() -> None:
     base = {"NODE_NAME": "n", "VENDORS": "intel"}
-    rule = parse(["run"], base).settings(INTEL).hang_rule
+    rule = parse(["run"], base).driver(INTEL).settings.hang_rule
     assert rule == HangRule(3, 600.0)
     cfg = parse(["run", "--intel-hang-threshold", "0"], {**base, "INTEL_HANG_WINDOW_SECONDS": "90"})
-    assert cfg.settings(INTEL).hang_rule == HangRule(0, 90.0)
+    assert cfg.driver(INTEL).settings.hang_rule == HangRule(0, 90.0)
     for env, message in (
         ({"INTEL_HANG_THRESHOLD": "-1"}, "INTEL_HANG_THRESHOLD='-1' must be >= 0"),
         ({"INTEL_HANG_THRESHOLD": "many"}, "INTEL_HANG_THRESHOLD='many' is not a number"),

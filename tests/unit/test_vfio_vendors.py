@@ -10,7 +10,7 @@ import pytest
 from dra_plugin.host import pciids
 from dra_plugin.host.udev import DiscoveryError, UdevScan
 from dra_plugin.vendors.nvidia.settings import NvidiaSettings
-from dra_plugin.vendors.nvidia.vendor import NvidiaVendor
+from dra_plugin.vendors.nvidia.vendor import NvidiaDriver, NvidiaVendor
 from dra_plugin.vendors.nvidia.vfio import addressable_memory
 
 
@@ -26,14 +26,14 @@ def test_nvidia_takes_no_udev_scan_without_vfio(tmp_path: Path) -> None:
         return _no_udev()
 
     settings = NvidiaSettings(driver_root=tmp_path)  # no NVML there either
-    found = NvidiaVendor().discover(settings, scan, tmp_path)
+    found = NvidiaDriver(NvidiaVendor(), settings).discover(scan, tmp_path)
     assert calls == []
     assert not any("VFIO" in n for n in found.notes)
 
 
 def test_nvidia_vfio_with_broken_udev_is_a_note_not_a_failure(tmp_path: Path) -> None:
     settings = NvidiaSettings(driver_root=tmp_path, vfio=True)
-    found = NvidiaVendor().discover(settings, _no_udev, tmp_path)
+    found = NvidiaDriver(NvidiaVendor(), settings).discover(_no_udev, tmp_path)
     assert found.devices == ()
     assert "nvidia: VFIO-bound GPUs not discovered: cannot use libudev: test" in found.notes
     assert any("libnvidia-ml.so.1 not found" in n for n in found.notes)  # NVML's note stays

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 KERNEL_DRIVER = "amdgpu"
 PASSTHROUGH_DRIVERS = ("vfio-pci",)
+KFD_SUBSYSTEM = "kfd"  # the ROCm compute node /dev/kfd, one per host
+PLATFORM_DEVICES = ("amdgpu_xcp",)  # platform devices amdgpu creates for partitions 1..n-1
 _RAS_COUNT = re.compile(r"^(\w+)_err_count$")
 _UE = re.compile(r"^ue:\s*(\d+)", re.MULTILINE)
 _told_whole: set[str] = set()  # GPUs whose "no partition support" was logged already
@@ -136,7 +138,9 @@ class Topology:
     @classmethod
     def read(cls, scan: UdevScan) -> Topology:
         xcp = {_render_minor(m): m for m in scan.partitions.values() if _render_minor(m) > 0}
-        return cls(kfd.read_topology(scan.kfd_sys_path), xcp, scan.kfd)
+        node = scan.nodes.get(KFD_SUBSYSTEM)
+        sys_path = node[1] if node is not None else None
+        return cls(kfd.read_topology(sys_path), xcp, node[0] if node is not None else None)
 
 
 @dataclass(frozen=True)

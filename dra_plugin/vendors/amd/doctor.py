@@ -8,7 +8,7 @@ failed, which on a working kernel is nearly always missing firmware (amdgpu/*.bi
 
 from __future__ import annotations
 
-from dra_plugin.doctor.checks import node_problem
+from dra_plugin.doctor.checks import modules_finding, node_problem
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu, switch_port
 from dra_plugin.vendors.amd import ids as amd_ids
@@ -17,30 +17,24 @@ from dra_plugin.vendors.base import DoctorContext
 
 AMD_VENDOR = "1002"
 FIRMWARE_DIRS = ("/lib/firmware/amdgpu", "/usr/lib/firmware/amdgpu")
-_TALOS_PATCH = "machine:\n  kernel:\n    modules:\n      - name: amdgpu\n"
 
 
 def _module(host: Host, loaded: set[str] | None, talos: bool) -> list[Finding]:
-    if loaded is None:
-        return []  # check_modules already says /proc/modules is unreadable
-    if host.module_loaded(loaded, "amdgpu"):
-        return [Finding(Status.PASS, "kernel-modules", "amdgpu loaded")]
-    how = (
-        "add the siderolabs/amdgpu extension to the image (driver firmware) and amdgpu "
-        "to machine.kernel.modules (below)"
-        if talos
-        else "modprobe amdgpu (on Talos: the siderolabs/amdgpu extension and "
-        "machine.kernel.modules)"
+    found = modules_finding(
+        host,
+        loaded,
+        ["amdgpu"],
+        missing_found=lambda _: "AMD GPU present but amdgpu is not loaded",
+        how=lambda _: (
+            "add the siderolabs/amdgpu extension to the image (driver firmware) and amdgpu "
+            "to machine.kernel.modules (below)"
+            if talos
+            else "modprobe amdgpu (on Talos: the siderolabs/amdgpu extension and "
+            "machine.kernel.modules)"
+        ),
+        patch=["amdgpu"],
     )
-    return [
-        Finding(
-            Status.FAIL,
-            "kernel-modules",
-            "AMD GPU present but amdgpu is not loaded",
-            how,
-            _TALOS_PATCH,
-        )
-    ]
+    return [found] if found is not None else []
 
 
 def _firmware(host: Host, amd: list[PciGpu], loaded: set[str] | None, talos: bool) -> Finding:

@@ -72,11 +72,14 @@ class RasWatcher:
         log.info("reading AMD RAS error counters interval_seconds=%s", self._interval)
 
     def stop(self) -> None:
-        if self._thread is None:
-            return
+        """Signal the thread to end; never blocks (join() waits)."""
         self._stop.set()
-        self._thread.join(timeout=5)
-        self._thread = None
+
+    def join(self, timeout: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     def _run(self) -> None:
         last = snapshot(self._addresses(), self._pci_root)

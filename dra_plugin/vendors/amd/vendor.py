@@ -5,7 +5,6 @@ GPUs bound to vfio-pci for VM passthrough (vfio.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
+from dra_plugin.options import Option, Raw, label, number
 from dra_plugin.vendors.amd import devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd.doctor import check_amd
@@ -25,6 +24,7 @@ from dra_plugin.vendors.base import (
     BasicSettings,
     Discovered,
     DoctorContext,
+    Driver,
     DrmScan,
     Monitor,
     MonitorHooks,
@@ -33,11 +33,12 @@ from dra_plugin.vendors.base import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
+    parse_vfio,
     sharing_options,
+    vfio_option,
 )
 
 log = logging.getLogger(__name__)
-_told: dict[str, str] = {}  # PCI address -> the problem last logged (once per change)
 
 OPTIONS = (
     driver_name_option(AMD, "AMD", "gpu.amd.com"),
@@ -53,15 +54,7 @@ OPTIONS = (
         "one claim per AMD GPU or partition",
         "several claims share one",
     ),
-    Option(
-        "--amd-vfio",
-        "AMD_VFIO",
-        "also publish AMD GPUs bound to vfio-pci (VM passthrough; type vfio, claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    ),
+    vfio_option(AMD, "AMD", "vfio-pci", "type vfio, "),
 )
 
 
@@ -71,12 +64,16 @@ class AmdSettings(BasicSettings):
     vfio: bool = False  # publish VFIO-bound GPUs
 
 
-class AmdVendor(Vendor[AmdSettings]):
+class AmdVendor(Vendor):
     name = AMD
     title = "AMD"
     pci_vendor_id = PCI_VENDOR_ID
     pci_classes = ("0x03", "0x12")  # Instinct MI300 and newer are processing accelerators
     kernel_drivers = (devices.KERNEL_DRIVER,)
+    kernel_modules = (devices.KERNEL_DRIVER,)
+    vfio_drivers = devices.PASSTHROUGH_DRIVERS
+    platform_devices = devices.PLATFORM_DEVICES
+    udev_subsystems = (devices.KFD_SUBSYSTEM,)
     drm_hotplug = True
     kernel_label = devices.KERNEL_DRIVER
     passthrough_switch = "AMD_VFIO=true"
@@ -84,22 +81,34 @@ class AmdVendor(Vendor[AmdSettings]):
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
 
-    def configure(self, raw: Raw) -> AmdSettings:
+    def configure(self, raw: Raw) -> AmdDriver:
         mode, shares = parse_shares(AMD, raw)
         key = "amd_ras_poll_seconds"
         poll = float(number(label(raw, key), raw[key], float, 0))
-        return AmdSettings(
+        settings = AmdSettings(
             driver_name=parse_driver_name(AMD, raw),
             sharing_mode=mode,
             shares=shares,
             ras_poll_seconds=poll,
-            vfio=raw["amd_vfio"] == "true",
+            vfio=parse_vfio(AMD, raw),
         )
+        return AmdDriver(self, settings)
 
-    def passthrough_drivers(self, settings: AmdSettings) -> tuple[str, ...]:
-        return devices.PASSTHROUGH_DRIVERS if settings.vfio else ()
 
-    def discover(self, settings: AmdSettings, scan: DrmScan, host_root: Path) -> Discovered:
+class AmdDriver(Driver):
+    """The AMD driver: its settings and the GPU problems it last logged."""
+
+    def __init__(self, vendor: Vendor, settings: AmdSettings) -> None:
+        self.vendor = vendor
+        self.settings: AmdSettings = settings
+        self._told: dict[str, str] = {}  # PCI address -> problem last logged (once per change)
+
+    @property
+    def vfio(self) -> bool:
+        return self.settings.vfio
+
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        settings = self.settings
         snap = scan()
         table: list[tuple[amd_ids.IdsTable, devices.Topology]] = []
         partial: list[Unpublished] = []
@@ -126,24 +135,24 @@ class AmdVendor(Vendor[AmdSettings]):
 
         found, skipped = drm.partition(snap, PCI_VENDOR_ID, skip, build)
         for gpu in (*partial, *skipped):
-            if _told.get(gpu.pci_address) != gpu.reason and gpu.driver == devices.KERNEL_DRIVER:
+            if (
+                self._told.get(gpu.pci_address) != gpu.reason
+                and gpu.driver == devices.KERNEL_DRIVER
+            ):
                 log.warning("amd gpu pci=%s: %s", gpu.pci_address, gpu.reason)
-        _told.clear()
-        _told.update({g.pci_address: g.reason for g in (*partial, *skipped)})
+        self._told = {g.pci_address: g.reason for g in (*partial, *skipped)}
         where = "amdgpu or vfio-pci" if settings.vfio else "amdgpu found under /sys/class/drm"
         notes = () if found else (f"amd: no AMD GPU bound to {where}",)
         return Discovered(found, notes, (*skipped, *partial))
 
-    def monitors(self, settings: AmdSettings, hooks: MonitorHooks) -> list[Monitor]:
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         def gpus() -> set[str]:
             return {d.pci_address for d in hooks.published() if d.pci_address}
 
-        return [RasWatcher(gpus, hooks.rescan, settings.ras_poll_seconds)]
+        return [RasWatcher(gpus, hooks.rescan, self.settings.ras_poll_seconds)]
 
-    def telemetry(
-        self, settings: AmdSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
+    def telemetry(self) -> TelemetryReader | None:
         return AmdSysfsReader()
 
-    def doctor(self, settings: AmdSettings, ctx: DoctorContext) -> list[Finding]:
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_amd(ctx)

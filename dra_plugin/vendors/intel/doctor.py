@@ -7,29 +7,28 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from dra_plugin.doctor.checks import DRM_MAJOR, node_problem, nodes_finding, talos_modules_patch
+from dra_plugin.doctor.checks import DRM_MAJOR, modules_finding, node_problem, nodes_finding
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors.base import DoctorContext
 from dra_plugin.vendors.intel.devices import KERNEL_DRIVERS
 
 
-def check_modules(host: Host, loaded: set[str], talos: bool) -> Finding:
-    have = [m for m in KERNEL_DRIVERS if host.module_loaded(loaded, m)]
-    if have:
-        return Finding(Status.PASS, "kernel-modules", f"{'/'.join(have)} loaded")
-    how = (
-        "add the siderolabs/i915 extension to the image and i915 to machine.kernel.modules (below)"
-        if talos
-        else "modprobe i915 (xe for Xe2 and newer; on Talos: the i915 extension and "
-        "machine.kernel.modules)"
-    )
-    return Finding(
-        Status.FAIL,
-        "kernel-modules",
-        "Intel GPU present but neither i915 nor xe is loaded",
-        how,
-        talos_modules_patch(["i915"]),
+def check_modules(host: Host, loaded: set[str], talos: bool) -> Finding | None:
+    return modules_finding(
+        host,
+        loaded,
+        KERNEL_DRIVERS,
+        any_of=True,
+        missing_found=lambda _: "Intel GPU present but neither i915 nor xe is loaded",
+        how=lambda _: (
+            "add the siderolabs/i915 extension to the image and i915 to "
+            "machine.kernel.modules (below)"
+            if talos
+            else "modprobe i915 (xe for Xe2 and newer; on Talos: the i915 extension and "
+            "machine.kernel.modules)"
+        ),
+        patch=["i915"],
     )
 
 
@@ -51,9 +50,10 @@ def check_nodes(host: Host, bound: list[PciGpu]) -> Finding:
 
 def check_intel(ctx: DoctorContext, vendor_id: str) -> list[Finding]:
     mine = [g for g in ctx.gpus if g.vendor == vendor_id]
-    out = []
+    out: list[Finding] = []
     if mine and ctx.loaded is not None:
-        out.append(check_modules(ctx.host, ctx.loaded, ctx.talos))
+        modules = check_modules(ctx.host, ctx.loaded, ctx.talos)
+        out += [modules] if modules is not None else []
     bound = [g for g in mine if g.driver in KERNEL_DRIVERS]
     if bound:
         out.append(check_nodes(ctx.host, bound))

@@ -129,6 +129,9 @@ class IntelHealthMonitor:
     def stop(self) -> None:
         self._stopped = True  # the listener is the core's: just stop listening to it
 
+    def join(self, timeout: float) -> bool:
+        return True  # no thread of its own
+
     def counts(self) -> dict[tuple[str, str], int]:
         """(device name, kind) -> how many such uevents arrived since start."""
         with self._lock:

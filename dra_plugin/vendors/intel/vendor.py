@@ -4,17 +4,17 @@ vfio-pci/xe-vfio-pci for VM passthrough."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dra_plugin.doctor.findings import Finding
 from dra_plugin.host import drm
-from dra_plugin.options import RUN_DISCOVER, Option, Raw, number
+from dra_plugin.options import Option, Raw, number
 from dra_plugin.vendors.base import (
     BasicSettings,
     Discovered,
     DoctorContext,
+    Driver,
     DrmScan,
     Monitor,
     MonitorHooks,
@@ -23,7 +23,9 @@ from dra_plugin.vendors.base import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
+    parse_vfio,
     sharing_options,
+    vfio_option,
 )
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
@@ -40,15 +42,7 @@ OPTIONS = (
         "several claims share one (consumable capacity, Kubernetes 1.34+ with "
         "DRAConsumableCapacity)",
     ),
-    Option(
-        "--intel-vfio",
-        "INTEL_VFIO",
-        "also publish Intel GPUs bound to vfio-pci/xe-vfio-pci (VM passthrough; claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    ),
+    vfio_option(INTEL, "Intel", "vfio-pci/xe-vfio-pci"),
     Option(
         "--intel-hang-threshold",
         "INTEL_HANG_THRESHOLD",
@@ -71,35 +65,49 @@ class IntelSettings(BasicSettings):
     hang_rule: HangRule = field(default_factory=HangRule)
 
 
-class IntelVendor(Vendor[IntelSettings]):
+class IntelVendor(Vendor):
     name = INTEL
     title = "Intel"
     pci_vendor_id = PCI_VENDOR_ID
     kernel_drivers = devices.KERNEL_DRIVERS
+    kernel_modules = devices.KERNEL_DRIVERS
+    vfio_drivers = devices.PASSTHROUGH_DRIVERS
     drm_hotplug = True
     passthrough_switch = "INTEL_VFIO=true"
 
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
 
-    def configure(self, raw: Raw) -> IntelSettings:
+    def configure(self, raw: Raw) -> IntelDriver:
         mode, shares = parse_shares(INTEL, raw)
         threshold = int(number("INTEL_HANG_THRESHOLD", raw["intel_hang_threshold"], int, 0))
         window = float(
             number("INTEL_HANG_WINDOW_SECONDS", raw["intel_hang_window_seconds"], float, 1)
         )
-        return IntelSettings(
+        settings = IntelSettings(
             driver_name=parse_driver_name(INTEL, raw),
             sharing_mode=mode,
             shares=shares,
-            vfio=raw["intel_vfio"] == "true",
+            vfio=parse_vfio(INTEL, raw),
             hang_rule=HangRule(threshold, window),
         )
+        return IntelDriver(self, settings)
 
-    def passthrough_drivers(self, settings: IntelSettings) -> tuple[str, ...]:
-        return devices.PASSTHROUGH_DRIVERS if settings.vfio else ()
 
-    def discover(self, settings: IntelSettings, scan: DrmScan, host_root: Path) -> Discovered:
+class IntelDriver(Driver):
+    """The Intel driver: its settings and the hang monitor whose counts telemetry reads."""
+
+    def __init__(self, vendor: Vendor, settings: IntelSettings) -> None:
+        self.vendor = vendor
+        self.settings: IntelSettings = settings
+        self.health: IntelHealthMonitor | None = None  # set by monitors()
+
+    @property
+    def vfio(self) -> bool:
+        return self.settings.vfio
+
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        settings = self.settings
         found, skipped = drm.partition(
             scan(),
             PCI_VENDOR_ID,
@@ -110,18 +118,15 @@ class IntelVendor(Vendor[IntelSettings]):
         notes = () if found else (f"intel: no Intel GPU bound to {bound} found",)
         return Discovered(found, notes, skipped)
 
-    def monitors(self, settings: IntelSettings, hooks: MonitorHooks) -> list[Monitor]:
-        return [
-            IntelHealthMonitor(
-                settings.hang_rule, hooks.published, hooks.report_health, hooks.drm_events
-            )
-        ]
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        self.health = IntelHealthMonitor(
+            self.settings.hang_rule, hooks.published, hooks.report_health, hooks.drm_events
+        )
+        return [self.health]
 
-    def telemetry(
-        self, settings: IntelSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
-        health = next((m for m in monitors if isinstance(m, IntelHealthMonitor)), None)
+    def telemetry(self) -> TelemetryReader | None:
+        health = self.health
         return IntelSysfsReader(reset_counts=health.counts if health else None)
 
-    def doctor(self, settings: IntelSettings, ctx: DoctorContext) -> list[Finding]:
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_intel(ctx, PCI_VENDOR_ID.removeprefix("0x"))

@@ -4,7 +4,7 @@ nodes, and NVML itself (loaded from the configured driver root)."""
 from __future__ import annotations
 
 from dra_plugin.devices import Health
-from dra_plugin.doctor.checks import node_problem, nodes_finding, talos_modules_patch
+from dra_plugin.doctor.checks import modules_finding, node_problem, nodes_finding
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors.base import DoctorContext
@@ -35,31 +35,26 @@ def check_nvidia(settings: NvidiaSettings, ctx: DoctorContext, vendor_id: str) -
                 "`lspci -nn -d 10de:` or `dmesg | grep 10de`",
             )
         )
-    if mine and loaded is not None:
-        missing = [m for m in NVIDIA_MODULES if not host.module_loaded(loaded, m)]
-        if not missing:
-            out.append(
-                Finding(Status.PASS, "kernel-modules", ", ".join(NVIDIA_MODULES) + " loaded")
-            )
-        else:
-            core = any(m in _NVIDIA_CORE_MODULES for m in missing)
-            how = (
+    if mine:
+        modules = modules_finding(
+            host,
+            loaded,
+            NVIDIA_MODULES,
+            critical=_NVIDIA_CORE_MODULES,
+            missing_found=lambda missing: (
+                f"NVIDIA GPU present but not loaded: {', '.join(missing)}"
+            ),
+            how=lambda missing: (
                 "add them to machine.kernel.modules (below); the image needs the "
                 "siderolabs/nvidia-open-gpu-kernel-modules-production (or "
                 "nonfree-kmod-nvidia-production) extension first"
                 if talos
                 else f"modprobe {' '.join(missing)} (on Talos: machine.kernel."
                 "modules, after adding the NVIDIA kernel-modules extension)"
-            )
-            out.append(
-                Finding(
-                    Status.FAIL if core else Status.WARN,
-                    "kernel-modules",
-                    f"NVIDIA GPU present but not loaded: {', '.join(missing)}",
-                    how,
-                    talos_modules_patch(NVIDIA_MODULES),
-                )
-            )
+            ),
+            patch=NVIDIA_MODULES,
+        )
+        out += [modules] if modules is not None else []
     out += _check_nodes(host, mine)
     if ctx.enabled:
         out += check_nvml(settings, host, mine, loaded)

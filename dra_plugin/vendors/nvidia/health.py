@@ -43,15 +43,19 @@ class _Watched:
 class NvmlHealthMonitor:
     """Watches NVML events and reachability of the GPUs behind `devices`.
 
+    `devices` is a fixed list or a callable returning the published devices now; the
+    callable is re-read on every event-wait cycle, so GPUs and MIG devices that appear
+    later are registered for events and removed ones are dropped.
     `on_health(device_name, health, reason)` is called from the monitor thread, only on
-    changes. stop() returns within about one `wait_timeout_ms`. `unmonitored` lists
-    devices whose GPU delivers no XID/ECC events (they are still probed).
+    changes. stop() only signals; join() waits (about one `wait_timeout_ms`).
+    `unmonitored` lists devices whose GPU delivers no XID/ECC events (they are still
+    probed).
     """
 
     def __init__(
         self,
         driver_root: Path,
-        devices: Sequence[Device],
+        devices: Sequence[Device] | Callable[[], Sequence[Device]],
         on_health: HealthCallback,
         xid_ignore: Sequence[int],
         *,
@@ -63,18 +67,15 @@ class NvmlHealthMonitor:
         self._ignore = frozenset(xid_ignore)
         self._wait_ms = wait_timeout_ms
         self._probe_interval = probe_interval
+        fixed = tuple(devices) if not callable(devices) else ()
+        self._devices: Callable[[], Sequence[Device]] = (
+            devices if callable(devices) else (lambda: fixed)
+        )
         self._by_gpu: dict[str, list[_Watched]] = {}
-        for d in devices:
-            if d.vendor != NVIDIA:
-                continue
-            parent, gi, ci = d.extra_value("parentUUID"), d.extra_value("gi"), d.extra_value("ci")
-            if parent and gi is not None and ci is not None:
-                w = _Watched(d.name, parent, int(gi), int(ci))
-            elif d.uuid:
-                w = _Watched(d.name, d.uuid, None, None)
-            else:
-                continue
-            self._by_gpu.setdefault(w.gpu_uuid, []).append(w)
+        self._seen: tuple[str, ...] = ()  # device names the watch list was built from
+        self._registered: set[str] = set()  # GPU UUIDs tried for event registration
+        self._unmonitored: dict[str, list[str]] = {}  # GPU UUID -> its devices' names
+        self._follow()
         self._handles: dict[str, nvml.Handle] = {}
         self._by_address: dict[int, str] = {}
         self._event_set: Any = None
@@ -98,7 +99,7 @@ class NvmlHealthMonitor:
             for uuid in self._by_gpu:
                 self._resolve(uuid)
             self._event_set = nvml.create_event_set()
-            self._register()
+            self._register(list(self._handles))
         except nvml.NvmlError as e:
             self.error = str(e)
             log.error("nvidia health monitoring unavailable error=%r", self.error)
@@ -118,11 +119,57 @@ class NvmlHealthMonitor:
         return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
+        """Signal the thread to end (it does within about one wait); never blocks."""
         self._stop.set()
+
+    def join(self, timeout: float) -> bool:
         if self._thread is not None:
-            self._thread.join(timeout=self._wait_ms / 1000 + 5)
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     # -- setup ---------------------------------------------------------------------------
+
+    def _follow(self) -> bool:
+        """Rebuild the watch list from the published devices when they changed; True when
+        it changed. A device that stays keeps its state (a sticky XID mark)."""
+        devices = [d for d in self._devices() if d.vendor == NVIDIA]
+        names = tuple(sorted(d.name for d in devices))
+        if names == self._seen:
+            return False
+        self._seen = names
+        old = {w.name: w for ws in self._by_gpu.values() for w in ws}
+        by_gpu: dict[str, list[_Watched]] = {}
+        for d in devices:
+            parent, gi, ci = d.extra_value("parentUUID"), d.extra_value("gi"), d.extra_value("ci")
+            if parent and gi is not None and ci is not None:
+                w = _Watched(d.name, parent, int(gi), int(ci))
+            elif d.uuid:
+                w = _Watched(d.name, d.uuid, None, None)
+            else:
+                continue
+            kept = old.get(d.name)
+            if kept is not None and (kept.gpu_uuid, kept.gi, kept.ci) == (w.gpu_uuid, w.gi, w.ci):
+                w = kept
+            by_gpu.setdefault(w.gpu_uuid, []).append(w)
+        self._by_gpu = by_gpu
+        return True
+
+    def _refresh(self) -> None:
+        """Follow the device list: register events for new GPUs, forget removed ones."""
+        if not self._follow():
+            return
+        for uuid in [u for u in self._handles if u not in self._by_gpu]:
+            h = self._handles.pop(uuid)
+            self._by_address.pop(nvml.handle_key(h), None)
+            self._registered.discard(uuid)  # NVML cannot unregister: its events are dropped
+            self._unmonitored.pop(uuid, None)
+        new = [u for u in self._by_gpu if u not in self._registered]
+        for uuid in new:
+            if uuid not in self._handles:
+                self._resolve(uuid)
+        self._register([u for u in new if u in self._handles])
+        log.info("nvidia health: watching devices=%s", ",".join(self._seen))
 
     def _resolve(self, uuid: str) -> nvml.Handle | None:
         try:
@@ -134,9 +181,10 @@ class NvmlHealthMonitor:
         self._by_address[nvml.handle_key(h)] = uuid
         return h
 
-    def _register(self) -> None:
-        unmonitored: list[str] = []
-        for uuid, h in self._handles.items():
+    def _register(self, uuids: list[str]) -> None:
+        for uuid in uuids:
+            h = self._handles[uuid]
+            self._registered.add(uuid)
             why = "it reports no XID/ECC event support"
             try:
                 registered = nvml.register_health_events(h, self._event_set)
@@ -150,8 +198,8 @@ class NvmlHealthMonitor:
                     why,
                     ",".join(names),
                 )
-                unmonitored.extend(names)
-        self.unmonitored = tuple(unmonitored)
+                self._unmonitored[uuid] = names
+        self.unmonitored = tuple(n for names in self._unmonitored.values() for n in names)
 
     def _close(self) -> None:
         if self._event_set is not None:
@@ -181,6 +229,7 @@ class NvmlHealthMonitor:
     def _loop(self) -> None:
         next_full_probe = 0.0
         while not self._stop.is_set():
+            self._refresh()
             if time.monotonic() >= next_full_probe:
                 self._probe(list(self._by_gpu))
                 next_full_probe = time.monotonic() + self._probe_interval
@@ -214,7 +263,7 @@ class NvmlHealthMonitor:
                 else:
                     reason = nvml.no_answer(fresh)
             failing += bool(reason)
-            for w in self._by_gpu[uuid]:
+            for w in self._by_gpu.get(uuid, []):
                 if reason:
                     w.unreachable = reason
                 elif w.unreachable:  # it answers again: reset/reload cleared XIDs too

@@ -20,7 +20,9 @@ from dra_plugin.vendors.base import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
+    parse_vfio,
     sharing_options,
+    vfio_option,
 )
 from dra_plugin.vendors.nvidia.model import NVIDIA
 
@@ -66,15 +68,7 @@ OPTIONS = (
         ("true", "false"),
         commands=RUN_DISCOVER,
     ),
-    Option(
-        "--nvidia-vfio",
-        "NVIDIA_VFIO",
-        "also publish NVIDIA GPUs bound to vfio-pci (VM passthrough; type vfio, claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    ),
+    vfio_option(NVIDIA, "NVIDIA", "vfio-pci", "type vfio, "),
     Option(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
@@ -126,5 +120,5 @@ class NvidiaSettings:
             shares=shares,
             shared_memory=raw["nvidia_shared_memory"] == "true",
             xid_ignore=xids,
-            vfio=raw["nvidia_vfio"] == "true",
+            vfio=parse_vfio(NVIDIA, raw),
         )

@@ -16,6 +16,7 @@ from dra_plugin.options import Option, Raw
 from dra_plugin.vendors.base import (
     Discovered,
     DoctorContext,
+    Driver,
     DrmScan,
     Monitor,
     MonitorHooks,
@@ -23,7 +24,7 @@ from dra_plugin.vendors.base import (
     Vendor,
 )
 from dra_plugin.vendors.nvidia import cdi, nvml, vfio
-from dra_plugin.vendors.nvidia.doctor import check_nvidia
+from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
@@ -32,27 +33,49 @@ from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 log = logging.getLogger(__name__)
 
 
-class NvidiaVendor(Vendor[NvidiaSettings]):
+class NvidiaVendor(Vendor):
     name = NVIDIA
     title = "NVIDIA"
     pci_vendor_id = PCI_VENDOR_ID
     kernel_drivers = ("nvidia",)
+    kernel_modules = NVIDIA_MODULES
+    vfio_drivers = vfio.PASSTHROUGH_DRIVERS
+    rival_drivers = ("nouveau",)
+    no_gpu_hint = "the NVIDIA driver root is wrong (NVIDIA_DRIVER_ROOT)"
     kernel_label = "nvidia"
     passthrough_switch = "NVIDIA_VFIO=true"
-
-    def __init__(self) -> None:
-        self._plan_reason = ""  # the userspace plan is logged when it changes
 
     def options(self) -> tuple[Option, ...]:
         return OPTIONS
 
-    def configure(self, raw: Raw) -> NvidiaSettings:
-        return NvidiaSettings.parse(raw)
+    def configure(self, raw: Raw) -> NvidiaDriver:
+        return NvidiaDriver(self, NvidiaSettings.parse(raw))
 
-    def passthrough_drivers(self, settings: NvidiaSettings) -> tuple[str, ...]:
-        return vfio.PASSTHROUGH_DRIVERS if settings.vfio else ()
+    def not_published(self, gpu_driver: str | None) -> str:
+        if gpu_driver in self.vfio_drivers:
+            return (
+                f"NVIDIA GPU bound to {gpu_driver}: reserved for VM passthrough "
+                f"({self.passthrough_switch} publishes it)"
+            )
+        return "NVIDIA GPU: published through NVML by the NVIDIA driver, not through DRM"
 
-    def discover(self, settings: NvidiaSettings, scan: DrmScan, host_root: Path) -> Discovered:
+
+class NvidiaDriver(Driver):
+    """The NVIDIA driver: its settings, the health monitor it started, the CDI plan last
+    logged."""
+
+    def __init__(self, vendor: Vendor, settings: NvidiaSettings) -> None:
+        self.vendor = vendor
+        self.settings: NvidiaSettings = settings
+        self.health: NvmlHealthMonitor | None = None  # set by monitors()
+        self._plan_reason = ""  # the userspace plan is logged when it changes
+
+    @property
+    def vfio(self) -> bool:
+        return self.settings.vfio
+
+    def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
+        settings = self.settings
         nv = nvml.discover_nvidia(settings.driver_root, settings.driver_name)
         devs = list(nv.devices)
         notes: list[str] = []
@@ -69,13 +92,11 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
             notes.append("nvidia: NVML works but reports no GPUs")
         return Discovered(tuple(sorted(devs, key=lambda d: d.name)), tuple(notes), tuple(skipped))
 
-    def claim_edits(
-        self, settings: NvidiaSettings, devices: Sequence[Device], host_root: Path
-    ) -> ClaimEdits:
+    def claim_edits(self, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
         vfio.refuse_mixed(devices)
         if devices and all(vfio.is_vfio(d) for d in devices):
             return vfio.claim_edits(devices)
-        opts = cdi.UserspaceOptions.of(settings, host_root)
+        opts = cdi.UserspaceOptions.of(self.settings, host_root)
         plan = cdi.plan_nvidia(opts, [d.uuid or d.name for d in devices])
         if plan.reason != self._plan_reason:
             self._plan_reason = plan.reason
@@ -83,29 +104,24 @@ class NvidiaVendor(Vendor[NvidiaSettings]):
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         return cdi.claim_edits(devices, plan)
 
-    def monitors(self, settings: NvidiaSettings, hooks: MonitorHooks) -> list[Monitor]:
-        published = tuple(d for d in hooks.published() if not vfio.is_vfio(d))
-        if not published:
-            return []  # NVML is not usable or has no GPU (VFIO GPUs are not NVML's)
-        return [
-            NvmlHealthMonitor(
-                settings.driver_root, published, hooks.report_health, settings.xid_ignore
-            )
-        ]
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        def nvml_devices() -> tuple[Device, ...]:  # VFIO GPUs are not NVML's
+            return tuple(d for d in hooks.current_devices() if not vfio.is_vfio(d))
 
-    def telemetry(
-        self, settings: NvidiaSettings, monitors: Sequence[Monitor]
-    ) -> TelemetryReader | None:
-        health = next((m for m in monitors if isinstance(m, NvmlHealthMonitor)), None)
-        return NvmlReader(settings.driver_root, health.xid_counts if health else None)
+        if not tuple(d for d in hooks.published() if not vfio.is_vfio(d)):
+            self.health = None
+            return []  # NVML is not usable or has no GPU
+        self.health = NvmlHealthMonitor(
+            self.settings.driver_root,
+            nvml_devices,
+            hooks.report_health,
+            self.settings.xid_ignore,
+        )
+        return [self.health]
 
-    def doctor(self, settings: NvidiaSettings, ctx: DoctorContext) -> list[Finding]:
-        return check_nvidia(settings, ctx, PCI_VENDOR_ID.removeprefix("0x"))
+    def telemetry(self) -> TelemetryReader | None:
+        health = self.health
+        return NvmlReader(self.settings.driver_root, health.xid_counts if health else None)
 
-    def not_published(self, gpu_driver: str | None) -> str:
-        if gpu_driver in vfio.PASSTHROUGH_DRIVERS:
-            return (
-                f"NVIDIA GPU bound to {gpu_driver}: reserved for VM passthrough "
-                f"({self.passthrough_switch} publishes it)"
-            )
-        return "NVIDIA GPU: published through NVML by the NVIDIA driver, not through DRM"
+    def doctor(self, ctx: DoctorContext) -> list[Finding]:
+        return check_nvidia(self.settings, ctx, PCI_VENDOR_ID.removeprefix("0x"))

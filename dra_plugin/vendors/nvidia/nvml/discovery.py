@@ -20,7 +20,6 @@ from dra_plugin.devices import (
     Device,
     InvalidDeviceError,
     Version,
-    cuda_version,
     is_dns_label,
     semver,
 )
@@ -57,6 +56,13 @@ class NvmlDiscovery:
     devices: tuple[Device, ...] = ()
     error: str | None = None
     warnings: tuple[str, ...] = ()
+
+
+def cuda_version(encoded: int) -> str:
+    """NVML's CUDA driver version integer (12080) -> '12.8.0'."""
+    if encoded <= 0:
+        raise InvalidDeviceError(f"CUDA driver version {encoded} is not positive")
+    return f"{encoded // 1000}.{(encoded % 1000) // 10}.0"
 
 
 def discover_nvidia(
