@@ -91,6 +91,9 @@ class MonitorHooks:
     # Subscribe to every DRM card uevent (GPU hang/reset/wedge notices, (re)binds) from
     # the core's one udev listener; the handler runs in the listener's thread.
     drm_events: Callable[[DrmEventHandler], None] = _no_drm_events
+    # This driver's currently published devices (those appearing later included), for
+    # monitors that must follow the list rather than copy it once.
+    current_devices: Callable[[], Sequence[Device]] = lambda: ()
 
 
 class ReadError(Exception):

@@ -222,7 +222,7 @@ def test_health_stream_full_list_and_advertised(tmp_path: Path) -> None:
     r.close()
 
 
-def _rpc_counts() -> dict[tuple[str, ...], float]:
+def _rpc_counts() -> dict[tuple[tuple[str, str], ...], float]:
     from dra_plugin.telemetry import metrics
 
     return {
