@@ -11,7 +11,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import SCHEMA, claims, fleet, held, report, scale, sharing, startup, telemetry
+from bench import (
+    SCHEMA,
+    claims,
+    fleet,
+    held,
+    report,
+    scale,
+    sharing,
+    shutdown,
+    startup,
+    telemetry,
+)
 from bench.node import SHARED_ENV, BenchNode, why_unavailable
 
 DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results.json"
@@ -36,6 +47,7 @@ class Settings:
     fleet_window_s: float
     telemetry_samples: int
     telemetry_scrapes: int
+    shutdown_repeats: int
 
 
 FULL = Settings(
@@ -56,6 +68,7 @@ FULL = Settings(
     fleet_window_s=60.0,
     telemetry_samples=50,
     telemetry_scrapes=200,
+    shutdown_repeats=7,
 )
 SMOKE = Settings(
     prepare_repeats=5,
@@ -75,6 +88,7 @@ SMOKE = Settings(
     fleet_window_s=2.0,
     telemetry_samples=3,
     telemetry_scrapes=5,
+    shutdown_repeats=1,
 )
 
 
@@ -126,6 +140,9 @@ def run_all(cfg: Settings) -> dict[str, Any]:
         if rc != 0:
             raise RuntimeError(f"daemon exited {rc}:\n{daemon.logs()[-4000:]}")
         timings["prepare_burst"] = time.monotonic() - t
+        t = time.monotonic()
+        out["shutdown"] = shutdown.run(node, repeats=cfg.shutdown_repeats)
+        timings["shutdown"] = time.monotonic() - t
     t = time.monotonic()
     # Its own nodes and daemons, one per level, measured side by side.
     out["held"] = held.run(repeats=cfg.held_repeats, warmup=cfg.prepare_warmup)

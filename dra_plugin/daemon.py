@@ -7,124 +7,78 @@ we created removed); 2. discover devices; 3. checkpoint recovery and CDI garbage
 hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM: registration
 sockets first, let in-flight calls finish, remove our sockets. ResourceSlices are left in
 place: the next instance (rolling update) or the Node's garbage collection owns them.
+
+Every step enters what it starts into one exit stack, so one path undoes it all, in reverse
+order, after a signal, a start-up error or a bug. A vendor's unexpected exception stays in
+its driver (logged with its name, counted in dra_plugin_vendor_faults_total).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
-import time
-from dataclasses import replace
-from functools import partial
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dra_plugin import inventory
-from dra_plugin.cdi.claims import CdiOptions
+from dra_plugin.cdi.claims import CdiOptions, ClaimEdits
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
 from dra_plugin.host import files, hotplug, udev
+from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.node import Node
 from dra_plugin.slices.publisher import SlicePublisher
-from dra_plugin.startup import StartupError, api_client, listen_metrics, make_dir, remove_created
+from dra_plugin.startup import (
+    StartupError,
+    api_client,
+    listen_metrics,
+    make_dir,
+    undo_dirs_on_failure,
+)
 from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.claimholders import ClaimHolders
 from dra_plugin.telemetry.sampler import Sampler
-from dra_plugin.vendors import registry
-from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader
+from dra_plugin.vendors.base import Driver as VendorDriver
+from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader, Vendor
 
 log = logging.getLogger(__name__)
-RESCAN_RETRY_SECONDS = 5.0
+MONITOR_JOIN_SECONDS = 5.0  # at most, and never more than the grace period (at least 1 s)
+STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
 
 
-class Node:
-    """The daemon's view of its node: current devices per driver, with health applied.
+def _no_fault(step: str) -> None:
+    """In production nothing; tests replace `after_step` to fail start-up after `step`."""
 
-    Hotplug triggers a fresh discovery; health monitors report per device. Every change
-    goes to the publisher (ResourceSlices) and the health tracker (kubelet stream).
-    """
 
-    def __init__(self, cfg: Config, health: HealthTracker, publisher: SlicePublisher) -> None:
-        self._cfg = cfg
-        self._health = health
-        self._publisher = publisher
-        self._discovered: dict[str, tuple[Device, ...]] = {}
-        self.published: dict[str, tuple[Device, ...]] = {}
-        self._held: dict[str, set[str]] = {}
-        self._present: dict[str, set[str]] = {}  # names the last discovery really found
-        self._rescan = asyncio.Event()
+after_step: Callable[[str], None] = _no_fault
 
-    def devices(self, driver: str) -> dict[str, Device]:
-        return {d.name: d for d in self.published.get(driver, ())}
 
-    def set_discovered(self, inv: inventory.Inventory) -> None:
-        why_skipped = {card.pci_address: card.reason for card in inv.skipped}
-        for driver, devs in inv.devices.items():
-            old = {d.name: d for d in self._discovered.get(driver, ())}
-            new = {d.name for d in devs}
-            gone = [d for name, d in old.items() if name not in new]
-            kept = []
-            for d in gone:
-                reason = why_skipped.get(d.pci_address or "", "device removed from the node")
-                if d.name in self._present.get(driver, set()):
-                    log.warning("device gone driver=%s device=%s reason=%r", driver, d.name, reason)
-                # A device that vanished while a claim still holds it stays published as
-                # Unhealthy (and tainted), so the kubelet can tell the pod what happened.
-                if d.name in self._held.get(driver, set()):
-                    kept.append(d.with_health(Health.UNHEALTHY, reason))
-            self._present[driver] = new
-            self._discovered[driver] = tuple(sorted((*devs, *kept), key=lambda d: d.name))
-        self._publish()
+@dataclass
+class Driver:
+    """One DRA driver while the daemon runs: its vendor's bound driver, and what serves it."""
 
-    def set_held(self, driver: str, held: set[str]) -> None:
-        self._held[driver] = held
-        # A vanished device kept only for its claim goes once the claim is unprepared.
-        present = self._present.get(driver, set())
-        devs = self._discovered.get(driver, ())
-        keep = tuple(d for d in devs if d.name in present or d.name in held)
-        if keep != devs:
-            self._discovered[driver] = keep
-            self._publish()
+    bound: VendorDriver  # the vendor's hooks, bound to its settings (vendors/base.py)
+    preparer: ClaimPreparer | None = None
+    reporter: ClaimStatusReporter | None = None
+    server: server.DriverServer | None = None
+    monitors: list[Monitor] = field(default_factory=list)
 
-    def report_health(self, driver: str, device: str, health: Health, reason: str) -> None:
-        if self._health.report(driver, device, health, reason):
-            log.log(
-                logging.WARNING if health is not Health.HEALTHY else logging.INFO,
-                "device health driver=%s device=%s health=%s reason=%r",
-                driver,
-                device,
-                health.value,
-                reason,
-            )
-            self._publish()
+    @property
+    def vendor(self) -> Vendor:
+        return self.bound.vendor
 
-    def _publish(self) -> None:
-        for driver, devs in self._discovered.items():
-            applied = self._health.apply(driver, devs)
-            if applied != self.published.get(driver):
-                self.published[driver] = applied
-                metrics.set_devices(driver, len(applied))
-                self._publisher.set_devices(driver, applied)
-
-    def request_rescan(self) -> None:
-        self._rescan.set()
-
-    async def rescan_loop(self, retry_seconds: float = RESCAN_RETRY_SECONDS) -> None:
-        while True:
-            await self._rescan.wait()
-            self._rescan.clear()
-            try:
-                inv = await asyncio.to_thread(inventory.discover, self._cfg)
-                self.set_discovered(inv)
-            except Exception:  # one bad pass must not end hotplug for good
-                log.exception("rescan failed; trying again in %ss", retry_seconds)
-                await asyncio.sleep(retry_seconds)
-                self._rescan.set()
+    @property
+    def name(self) -> str:
+        return self.bound.driver_name
 
 
 async def run(cfg: Config) -> int:
@@ -132,39 +86,36 @@ async def run(cfg: Config) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    drivers = list(cfg.drivers.values())
-    servers: list[server.DriverServer] = []
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            await _start(cfg, stack)
+            # What start-up made (the imported libraries above all) lives as long as the
+            # process: out of the collector's sight, a full collection no longer walks it
+            # (tens of ms, landing on a random prepare).
+            gc.freeze()
+            await stop.wait()
+            log.info("shutting down grace_seconds=%s", cfg.shutdown_grace_seconds)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    log.info("stopped")
+    return 0
+
+
+async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
+    drivers = [Driver(cfg.driver(v)) for v in cfg.vendors]
+    serving: list[server.DriverServer] = []
 
     async def healthz() -> str | None:
-        return await sockets_healthy(servers) if servers else "starting: sockets not served yet"
+        return await sockets_healthy(serving) if serving else "starting: sockets not served yet"
 
     # 1. What bad settings break, bound before any socket: the kubelet must never see a
     #    plugin that is about to exit.
-    created: list[Path] = []
-    metrics_server = (
-        metrics.MetricsServer(cfg.metrics_address, cfg.metrics_port, healthz)
-        if cfg.metrics_port
-        else None
-    )
-    try:
-        # Explicit modes, whatever the umask: the runtime reads the CDI root; the plugin
-        # dirs hold sockets and the checkpoint.
-        make_dir(cfg.cdi_root, cfg.setting("cdi_root"), created, files.SHARED_DIR_MODE)
-        registrar = cfg.setting("kubelet_registrar_directory_path")
-        make_dir(cfg.registrar_dir, registrar, created, files.PRIVATE_DIR_MODE)
-        plugins = cfg.setting("kubelet_plugins_directory_path")
-        for driver in drivers:
-            make_dir(cfg.plugin_dir(driver), plugins, created, files.PRIVATE_DIR_MODE)
-        if metrics_server is not None:
-            await listen_metrics(cfg, metrics_server)
-        api = api_client(cfg)
-    except StartupError as exc:
-        log.error("cannot start: %s", exc)
-        if metrics_server is not None:
-            await metrics_server.stop()
-        remove_created(created)
-        return 2
+    await _bind(cfg, stack, healthz)
+    api = api_client(cfg)
+    stack.push_async_callback(api.close)
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
+    after_step("bind")
 
     # 2. Discovery, logged once per vendor.
     inv = await asyncio.to_thread(inventory.discover, cfg)
@@ -173,182 +124,267 @@ async def run(cfg: Config) -> int:
     for card in inv.skipped:
         log.info("not published pci=%s reason=%s", card.pci_address, card.reason)
     log.info("discovered %s", " ".join(f"{d}={len(v)}" for d, v in inv.devices.items()))
-
-    health = HealthTracker(pool=cfg.node_name)
-    sharing = {d: sh for v, d in cfg.drivers.items() if (sh := cfg.sharing(v)) is not None}
-    publisher = SlicePublisher(
-        api, cfg.node_name, drivers, taint_effect=cfg.taint_effect, sharing=sharing
-    )
-    node = Node(cfg, health, publisher)
+    after_step("discover")
 
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
-    preparers: dict[str, ClaimPreparer] = {}
-    for name, driver in cfg.drivers.items():
-        bound = cfg.driver(name)
-        preparer = ClaimPreparer(
-            driver=driver,
-            node_name=cfg.node_name,
-            state_dir=cfg.plugin_dir(driver),
-            cdi_root=cfg.cdi_root,
-            cdi_options=CdiOptions(max_version=cfg.cdi_max_version),
-            claim_edits=partial(bound.claim_edits, host_root=cfg.host_root),
-            fetch_claim=api.get_claim,
-            devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
-            on_held=lambda held, d=driver: node.set_held(d, held),  # type: ignore[misc]
-            sharing=sharing.get(driver),
-            device_metadata=cfg.device_metadata,
-        )
-        await preparer.startup()
-        preparers[driver] = preparer
-    node.set_discovered(inv)
+    health = HealthTracker(pool=cfg.node_name)
+    sharing = {d.name: sh for d in drivers if (sh := d.bound.sharing) is not None}
+    publisher = SlicePublisher(
+        api, cfg.node_name, [d.name for d in drivers], taint_effect=cfg.taint_effect,
+        sharing=sharing,
+    )  # fmt: skip
+    node = Node(cfg, health, publisher)
     # Prepared devices are reported in ResourceClaim.status.devices, after the answer and
     # once no driver is preparing.
     activity = PrepareActivity()
-    handlers = {
-        driver: ClaimStatusReporter(
-            preparer,
-            driver=driver,
-            api=api,
-            devices=lambda d=driver: node.devices(d),  # type: ignore[misc]
-            activity=activity,
-        )
-        for driver, preparer in preparers.items()
-    }
+    for d in drivers:
+        await _claims(cfg, d, node, api, activity, stack)
+    node.set_discovered(inv)
+    after_step("claims")
 
     # 4. Sockets: DRA service first, then registration.
-    servers[:] = [
-        server.DriverServer(
-            driver=driver,
-            dra_socket=cfg.dra_socket(driver),
-            registration_socket=cfg.registration_socket(driver),
-            handler=handlers[driver],
+    for d in drivers:
+        d.server = server.DriverServer(
+            driver=d.name,
+            dra_socket=cfg.dra_socket(d.name),
+            registration_socket=cfg.registration_socket(d.name),
+            handler=_handler(d),
             health=health,
             health_timeout_seconds=cfg.health_check_timeout_seconds,
         )
-        for driver in drivers
-    ]
-    started: list[server.DriverServer] = []
-    try:
-        for s in servers:
-            started.append(s)
-            await s.start()
-    except (server.ServerError, OSError) as exc:  # e.g. a non-socket where a socket goes
-        log.error("cannot start: %s", exc)
-        await asyncio.gather(*(s.stop(0) for s in started))
-        if metrics_server is not None:
-            await metrics_server.stop()
-        await api.close()
-        return 2
+        stack.push_async_callback(d.server.stop, 0)  # what start() opened, if it fails
+        try:
+            await d.server.start()
+        except (server.ServerError, OSError) as exc:  # e.g. a non-socket where a socket goes
+            raise StartupError(str(exc)) from exc
+        serving.append(d.server)
+    after_step("sockets")
 
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
-    tasks = [asyncio.create_task(node.rescan_loop(), name="rescan")]
-
-    def rescan() -> None:
-        loop.call_soon_threadsafe(node.request_rescan)
-
-    enabled = [registry.get(v) for v in cfg.vendors]
-    monitors: list[Monitor] = []
-    drm_monitor = None
-    if any(v.drm_hotplug for v in enabled):  # one uevent listener for every DRM vendor
-        drm_monitor = hotplug.DrmMonitor(rescan)
-        monitors.append(drm_monitor)
-    for vendor in enabled:
-        bound = cfg.driver(vendor.name)
-        driver = bound.driver_name
-
-        def report(device: str, h: Health, reason: str, d: str = driver) -> None:
-            loop.call_soon_threadsafe(node.report_health, d, device, h, reason)
-
-        hooks = MonitorHooks(
-            rescan=rescan,
-            report_health=report,
-            published=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
-            # read from monitor threads: one dict lookup of a tuple, atomic under the GIL
-            current_devices=lambda d=driver: node.published.get(d, ()),  # type: ignore[misc]
-        )
-        if drm_monitor is not None:
-            hooks = replace(hooks, drm_events=drm_monitor.subscribe)
-        monitors += bound.monitors(hooks)
-    for m in monitors:
-        try:
-            # In a thread: nvmlInit and event registration can be slow, and the kubelet
-            # may already be calling GetInfo (1 s) on the sockets opened above.
-            await asyncio.to_thread(m.start)
-        except udev.DiscoveryError as exc:
-            # Without hotplug the node is still served; changes show after a restart.
-            log.error("hotplug monitor disabled error=%s", exc)
+    stack.push_async_callback(publisher.stop)
+    rescans = asyncio.create_task(node.rescan_loop(failing=bool(inv.failed)), name="rescan")
+    stack.push_async_callback(_cancel, rescans)
+    after_step("publisher")
+    started: list[tuple[Driver | None, Monitor]] = []
+    join_seconds = max(1.0, min(MONITOR_JOIN_SECONDS, cfg.shutdown_grace_seconds))
+    stack.push_async_callback(stop_monitors, started, join_seconds)
+    for owner, m in _monitors(cfg, drivers, node, loop=asyncio.get_running_loop()):
+        await _start_monitor(owner, m, started)
+    after_step("monitors")
 
     # 6. GPU telemetry sampled in the background for /metrics (listening since step 1),
     #    served from cache.
-    sampler: Sampler | None = None
-    sampler_task: asyncio.Task[None] | None = None
     if cfg.metrics_port and cfg.telemetry_interval_seconds > 0:
-        readers: dict[str, TelemetryReader] = {}
-        for vendor in enabled:
-            reader = cfg.driver(vendor.name).telemetry()
-            if reader is not None:
-                readers[vendor.name] = reader
         sampler = Sampler(
             node=cfg.node_name,
             interval=cfg.telemetry_interval_seconds,
             devices=lambda: [d for devs in node.published.values() for d in devs],
-            readers=readers,
-            kernel_labels={v.name: v.kernel_label for v in enabled},
-            holders=ClaimHolders({d: cfg.plugin_dir(d) for d in drivers}, api.get_claim),
+            readers=_readers(drivers),
+            kernel_labels={d.vendor.name: d.vendor.kernel_label for d in drivers},
+            holders=ClaimHolders({d.name: cfg.plugin_dir(d.name) for d in drivers}, api.get_claim),
         )
         metrics.serve_telemetry(sampler.rendered)
-        sampler_task = asyncio.create_task(sampler.run(), name="telemetry")
+        task = asyncio.create_task(sampler.run(), name="telemetry")
+        stack.push_async_callback(_stop_sampler, sampler, task)
+    after_step("telemetry")
 
-    log.info("running node=%s drivers=%s", cfg.node_name, ",".join(drivers))
-    # What start-up made (the imported libraries above all) lives as long as the process:
-    # out of the collector's sight, a full collection no longer walks it (tens of ms,
-    # landing on a random prepare).
-    gc.freeze()
-    await stop.wait()
-
-    # 7. Shutdown: the kubelet must stop seeing us before the service goes away.
-    log.info("shutting down grace_seconds=%s", cfg.shutdown_grace_seconds)
-    for s in servers:
-        await s.stop_registration()
-    await asyncio.gather(*(s.stop(cfg.shutdown_grace_seconds) for s in servers))
-    await asyncio.gather(*(h.flush(2.0) for h in handlers.values()))
-    await asyncio.gather(*(h.close() for h in handlers.values()))
-    if sampler is not None and sampler_task is not None:
-        sampler.stop()  # its task ends after the pass in progress and closes NVML
-        done, _ = await asyncio.wait([sampler_task], timeout=5)
-        if not done:  # a GPU hanging in an NVML call must not hang the shutdown
-            log.warning("telemetry sampler did not stop within 5 s; exiting without it")
-    for m in monitors:  # told together, then joined off the loop
-        m.stop()
-    await asyncio.to_thread(_join_all, monitors, 5.0)
-    for t in tasks:
-        t.cancel()
-    await publisher.stop()
-    if metrics_server is not None:
-        await metrics_server.stop()
-    log.info("stopped")
-    return 0
+    # 7. Shutdown, entered last so it runs first: the kubelet must stop seeing us before
+    #    the service goes away.
+    stack.push_async_callback(_leave_kubelet, drivers, cfg.shutdown_grace_seconds)
+    log.info("running node=%s drivers=%s", cfg.node_name, ",".join(d.name for d in drivers))
 
 
-def _join_all(monitors: list[Monitor], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    for m in monitors:
-        if not m.join(max(0.0, deadline - time.monotonic())):
+async def _bind(
+    cfg: Config, stack: contextlib.AsyncExitStack, healthz: metrics.HealthCheck
+) -> None:
+    # Explicit modes, whatever the umask: the runtime reads the CDI root; the plugin dirs
+    # hold sockets and the checkpoint.
+    created = stack.enter_context(undo_dirs_on_failure())
+    make_dir(cfg.cdi_root, cfg.setting("cdi_root"), created, files.SHARED_DIR_MODE)
+    registrar = cfg.setting("kubelet_registrar_directory_path")
+    make_dir(cfg.registrar_dir, registrar, created, files.PRIVATE_DIR_MODE)
+    plugins = cfg.setting("kubelet_plugins_directory_path")
+    for driver in cfg.drivers.values():
+        make_dir(cfg.plugin_dir(driver), plugins, created, files.PRIVATE_DIR_MODE)
+    if cfg.metrics_port:
+        metrics_server = metrics.MetricsServer(cfg.metrics_address, cfg.metrics_port, healthz)
+        stack.push_async_callback(metrics_server.stop)
+        await listen_metrics(cfg, metrics_server)
+
+
+async def _claims(
+    cfg: Config,
+    d: Driver,
+    node: Node,
+    api: KubeAPI,
+    activity: PrepareActivity,
+    stack: contextlib.AsyncExitStack,
+) -> None:
+    def edits(devices: Sequence[Device]) -> ClaimEdits:
+        return d.bound.claim_edits(devices, cfg.host_root)
+
+    def devices() -> dict[str, Device]:
+        return node.devices(d.name)
+
+    def on_held(held: set[str]) -> None:
+        node.set_held(d.name, held)
+
+    d.preparer = ClaimPreparer(
+        driver=d.name,
+        node_name=cfg.node_name,
+        state_dir=cfg.plugin_dir(d.name),
+        cdi_root=cfg.cdi_root,
+        cdi_options=CdiOptions(max_version=cfg.cdi_max_version),
+        claim_edits=edits,
+        fetch_claim=api.get_claim,
+        devices=devices,
+        on_held=on_held,
+        sharing=d.bound.sharing,
+        device_metadata=cfg.device_metadata,
+    )
+    await d.preparer.startup()
+    d.reporter = ClaimStatusReporter(
+        d.preparer, driver=d.name, api=api, devices=devices, activity=activity
+    )
+    stack.push_async_callback(d.reporter.close)
+
+
+def _handler(d: Driver) -> ClaimStatusReporter:
+    if d.reporter is None:  # step 3 sets it for every driver
+        raise AssertionError(f"driver {d.name} has no claim handler")
+    return d.reporter
+
+
+def _monitors(
+    cfg: Config, drivers: list[Driver], node: Node, loop: asyncio.AbstractEventLoop
+) -> list[tuple[Driver | None, Monitor]]:
+    """(driver, monitor) for every monitor to start: the core's one DRM uevent listener
+    (no driver) when a vendor wants hotplug, then each vendor's own."""
+
+    def rescan() -> None:
+        loop.call_soon_threadsafe(node.request_rescan)
+
+    out: list[tuple[Driver | None, Monitor]] = []
+    drm_monitor = None
+    if any(d.vendor.drm_hotplug for d in drivers):  # one uevent listener for every DRM vendor
+        drm_monitor = hotplug.DrmMonitor(rescan)
+        out.append((None, drm_monitor))
+    for d in drivers:
+        hooks = _hooks(d.name, node, loop, rescan)
+        if drm_monitor is not None:
+            hooks = replace(hooks, drm_events=drm_monitor.subscribe)
+        try:
+            d.monitors = d.bound.monitors(hooks)
+        except Exception:  # noqa: BLE001 - a vendor bug: its driver is served without monitors
+            _fault(d, "monitor", "creating its monitors failed")
+        out += [(d, m) for m in d.monitors]
+    return out
+
+
+def _hooks(
+    driver: str, node: Node, loop: asyncio.AbstractEventLoop, rescan: Callable[[], None]
+) -> MonitorHooks:
+    def report(device: str, h: Health, reason: str) -> None:
+        loop.call_soon_threadsafe(node.report_health, driver, device, h, reason)
+
+    def published() -> tuple[Device, ...]:
+        return node.published.get(driver, ())
+
+    return MonitorHooks(
+        rescan=rescan, report_health=report, published=published, current_devices=published
+    )
+
+
+async def _start_monitor(
+    owner: Driver | None, m: Monitor, started: list[tuple[Driver | None, Monitor]]
+) -> None:
+    try:
+        # In a thread: nvmlInit and event registration can be slow, and the kubelet may
+        # already be calling GetInfo (1 s) on the sockets opened above.
+        await asyncio.to_thread(m.start)
+    except udev.DiscoveryError as exc:
+        # Without hotplug the node is still served; changes show after a restart.
+        log.error("hotplug monitor disabled error=%s", exc)
+    except Exception:
+        if owner is None:
+            raise  # the core's own listener: a bug of ours, not a vendor's
+        _fault(owner, "monitor", "monitor failed to start")  # the others go on
+    else:
+        started.append((owner, m))
+
+
+async def stop_monitors(monitors: Sequence[tuple[Driver | None, Monitor]], timeout: float) -> None:
+    """Tell every monitor to stop (stop() only signals), then wait for them together, off
+    the event loop, at most `timeout`: shutdown takes the slowest monitor, not the sum."""
+
+    def tell(owner: Driver | None, m: Monitor) -> None:
+        try:
+            m.stop()
+        except Exception:  # a vendor's bug must not keep the others running
+            if owner is None:
+                raise
+            _fault(owner, "monitor", "monitor failed to stop")
+
+    for owner, m in monitors:
+        tell(owner, m)
+    joins = [asyncio.to_thread(m.join, timeout) for _, m in monitors]
+    for (_, m), stopped in zip(
+        monitors, await asyncio.gather(*joins, return_exceptions=True), strict=True
+    ):
+        if stopped is not True:
             log.warning("monitor %s did not stop within %.0f s", type(m).__name__, timeout)
+
+
+def _readers(drivers: list[Driver]) -> dict[str, TelemetryReader]:
+    readers: dict[str, TelemetryReader] = {}
+    for d in drivers:
+        try:
+            reader = d.bound.telemetry()
+        except Exception:  # noqa: BLE001 - a vendor bug: its devices are sampled as down
+            _fault(d, "telemetry", "creating its telemetry reader failed")
+            continue
+        if reader is not None:
+            readers[d.vendor.name] = reader
+    return readers
+
+
+def _fault(d: Driver, stage: str, what: str) -> None:
+    log.exception("%s vendor=%s driver=%s", what, d.vendor.name, d.name)
+    metrics.vendor_fault(d.name, stage)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def _stop_sampler(sampler: Sampler, task: asyncio.Task[None]) -> None:
+    sampler.stop()  # its task ends after the pass in progress and closes NVML
+    done, _ = await asyncio.wait([task], timeout=5)
+    if not done:  # a GPU hanging in an NVML call must not hang the shutdown
+        log.warning("telemetry sampler did not stop within 5 s; exiting without it")
+
+
+async def _leave_kubelet(drivers: list[Driver], grace_seconds: float) -> None:
+    """Registration sockets first, then in-flight calls finish and the DRA sockets go; the
+    claim statuses they produced are reported before the API client closes."""
+    for d in drivers:
+        if d.server is not None:
+            await d.server.stop_registration()
+    await asyncio.gather(*(d.server.stop(grace_seconds) for d in drivers if d.server))
+    await asyncio.gather(*(d.reporter.flush(2.0) for d in drivers if d.reporter))
 
 
 async def sockets_healthy(servers: list[server.DriverServer]) -> str | None:
     """None when every driver's two sockets answer, else what is wrong."""
     for s in servers:
-        for path, probe in (
-            (s.registration_socket, server.get_info),
-            (s.dra_socket, server.dra_answers),
-        ):
+        for path in (s.registration_socket, s.dra_socket):
             if not Path(path).exists():
                 return f"{path} is missing"
             try:
-                await probe(path, 1.0)
+                await server.socket_answers(path, 1.0)
             except Exception as exc:  # noqa: BLE001 - any failure means unhealthy, and says why
                 return f"{path} does not answer: {exc}"
     return None

@@ -14,6 +14,7 @@ from dra_plugin.config import Config
 from dra_plugin.devices import Device
 from dra_plugin.host import udev
 from dra_plugin.host.drm import Unpublished
+from dra_plugin.telemetry import metrics
 from dra_plugin.vendors import registry
 
 log = logging.getLogger(__name__)
@@ -24,6 +25,9 @@ class Inventory:
     devices: dict[str, tuple[Device, ...]]  # driver name -> devices, sorted by name
     notes: tuple[str, ...] = ()  # one line per vendor problem, for logs and `discover`
     skipped: tuple[Unpublished, ...] = ()
+    # Drivers whose vendor raised an unexpected exception this pass (logged and counted):
+    # their devices are unpublished, and the caller retries them with backoff.
+    failed: frozenset[str] = frozenset()
 
     @property
     def count(self) -> int:
@@ -54,6 +58,7 @@ def discover(cfg: Config) -> Inventory:
     devices: dict[str, tuple[Device, ...]] = {}
     notes: list[str] = []
     skipped: list[Unpublished] = []
+    failed: set[str] = set()
     scan = _Scan()
     for name in cfg.vendors:
         driver = cfg.driver(name)
@@ -62,6 +67,13 @@ def discover(cfg: Config) -> Inventory:
         except udev.DiscoveryError as exc:
             notes.append(f"{name}: udev discovery failed: {exc}")
             devices[driver.driver_name] = ()
+            continue
+        except Exception as exc:  # a vendor's bug stays in its driver: the others go on
+            log.exception("discovery failed vendor=%s driver=%s", name, driver.driver_name)
+            metrics.vendor_fault(driver.driver_name, "discover")
+            notes.append(f"{name}: discovery failed: {type(exc).__name__}: {exc}")
+            devices[driver.driver_name] = ()
+            failed.add(driver.driver_name)
             continue
         devices[driver.driver_name] = found.devices
         notes += found.notes
@@ -84,4 +96,5 @@ def discover(cfg: Config) -> Inventory:
         devices=devices,
         notes=tuple(notes),
         skipped=tuple(sorted(skipped, key=lambda s: s.pci_address)),
+        failed=frozenset(failed),
     )

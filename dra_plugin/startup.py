@@ -8,6 +8,7 @@ import contextlib
 import errno
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from dra_plugin.config import Config, kubeconfig_problem
@@ -45,6 +46,18 @@ def remove_created(created: list[Path]) -> None:
     for d in sorted(set(created), key=lambda p: len(p.parts), reverse=True):
         with contextlib.suppress(OSError):  # not empty or already gone: not ours to remove
             d.rmdir()
+
+
+@contextlib.contextmanager
+def undo_dirs_on_failure() -> Iterator[list[Path]]:
+    """A list for make_dir to record into; what it recorded is removed if start-up fails.
+    A clean exit keeps them: a rolling update's next instance may be using them already."""
+    created: list[Path] = []
+    try:
+        yield created
+    except BaseException:
+        remove_created(created)
+        raise
 
 
 def api_client(cfg: Config) -> KubeAPI:

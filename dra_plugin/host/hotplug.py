@@ -55,6 +55,7 @@ class DrmMonitor:
         self._monitors: tuple[Any, ...] = ()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = -1, -1
+        self._stopping = False
         self._subscribers: list[DrmSubscriber] = []
         self._seen: deque[int] = deque(maxlen=_SEEN)
 
@@ -87,24 +88,24 @@ class DrmMonitor:
         )
 
     def stop(self) -> None:
-        thread = self._thread
-        if thread is None:
-            return
-        os.write(self._wake_w, b"x")
-        self.join(5)
-        if thread.is_alive():  # stuck in on_change: leave its fds open, it is a daemon thread
-            log.warning("drm monitor thread did not stop within 5 s")
-        else:
-            for fd in (self._wake_r, self._wake_w):
-                os.close(fd)
-        self._thread, self._monitors = None, ()
+        """Tell the thread to end; never blocks (join() waits)."""
+        if self._thread is not None and not self._stopping:
+            self._stopping = True
+            os.write(self._wake_w, b"x")
 
     def join(self, timeout: float) -> bool:
-        """Wait for the listener thread (stop() still joins it: see issue #27, item 3)."""
+        """Wait up to `timeout` for the thread stop() told to end; True once it has."""
         thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
+        if thread is None:
+            return True
+        self.stop()
+        thread.join(timeout)
+        if thread.is_alive():  # stuck in on_change: leave its fds open, it is a daemon thread
+            log.warning("drm monitor thread did not stop within %s s", timeout)
+            return False
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+        self._thread, self._monitors, self._stopping = None, (), False
         return True
 
     def _run(self) -> None:

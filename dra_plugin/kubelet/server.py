@@ -278,7 +278,7 @@ class DriverServer:
 
 
 async def get_info(socket_path: Path, timeout: float = 1.0) -> pluginregistration_pb2.PluginInfo:
-    """Call GetInfo on a registration socket (used by /healthz and tests)."""
+    """Call GetInfo on a registration socket (counted like the kubelet's call)."""
     async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)
         info: pluginregistration_pb2.PluginInfo = await stub.GetInfo(
@@ -287,8 +287,19 @@ async def get_info(socket_path: Path, timeout: float = 1.0) -> pluginregistratio
         return info
 
 
-async def dra_answers(socket_path: Path, timeout: float = 1.0) -> None:
-    """An empty v1 prepare: cheap proof that the DRA socket is being served."""
+PROBE_METHOD = "/dra_plugin.Probe/Ping"  # served by no one: the answer is UNIMPLEMENTED
+
+
+async def socket_answers(socket_path: Path, timeout: float = 1.0) -> None:
+    """Proof that a gRPC socket is being served, for /healthz, without being a call the
+    plugin counts: a method no servicer has comes back UNIMPLEMENTED from the gRPC server
+    itself, so it never reaches a handler or `dra_plugin_rpc_total` (the kubelet's calls)."""
     async with grpc.aio.insecure_channel(f"unix://{socket_path}") as channel:
-        stub = dra_v1_pb2_grpc.DRAPluginStub(channel)
-        await stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout)
+        ping = channel.unary_unary(
+            PROBE_METHOD, request_serializer=bytes, response_deserializer=bytes
+        )
+        try:
+            await ping(b"", timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                raise

@@ -69,6 +69,13 @@ _CDI_ROOT_LISTED = Gauge(
     ["cdi_root"],
     registry=REGISTRY,
 )
+_VENDOR_FAULTS = Counter(
+    "dra_plugin_vendor_faults_total",
+    "unexpected exceptions in a vendor's code, contained to its driver, by stage: "
+    "discover, monitor, telemetry",
+    ["driver", "stage"],
+    registry=REGISTRY,
+)
 
 _HEALTH_VALUE = {"Healthy": 1.0, "Unhealthy": 0.0, "Unknown": -1.0}
 
@@ -105,6 +112,10 @@ def slice_write(driver: str, verb: str) -> None:
 
 def api_retry(reason: str) -> None:
     _API_RETRIES.labels(reason).inc()
+
+
+def vendor_fault(driver: str, stage: str) -> None:
+    _VENDOR_FAULTS.labels(driver, stage).inc()
 
 
 def render() -> bytes:

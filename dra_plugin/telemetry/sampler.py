@@ -150,8 +150,11 @@ class Sampler:
                 self._note_failure(device, str(exc))
                 samples.append(t.DeviceSample(ident, up=False))
                 continue
-            except Exception as exc:
-                log.exception("telemetry: reading device=%s failed", device.name)
+            except Exception as exc:  # a vendor's bug: contained to its device, and counted
+                log.exception(
+                    "telemetry: reading device=%s failed vendor=%s", device.name, device.vendor
+                )
+                metrics.vendor_fault(device.driver, "telemetry")
                 self._note_failure(device, f"{type(exc).__name__}: {exc}")
                 samples.append(t.DeviceSample(ident, up=False))
                 continue

@@ -8,7 +8,9 @@ real `dra-plugin` entry point, as a downstream build would.
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from dra_plugin.vendors.base import (
     DoctorContext,
     Driver,
     DrmScan,
+    Monitor,
+    MonitorHooks,
     ReadError,
     TelemetryReader,
     Vendor,
@@ -35,9 +39,65 @@ ROOT_ENV = "ACME_ROOT"
 MAJOR = 511  # an unassigned character major: the runtime test never opens it
 
 
+FAULT_FILE = "fault"  # words naming where the vendor raises now: discover, monitor, telemetry
+RESCAN_FIFO = "rescan.fifo"  # each line written to it asks the daemon for a rescan
+
+
+class AcmeBug(Exception):
+    """An unexpected exception of the vendor's own code (not one the interface names)."""
+
+
+def _faults(root: Path) -> set[str]:
+    try:
+        return set((root / FAULT_FILE).read_text().split())
+    except FileNotFoundError:
+        return set()
+
+
+def _raise_if(root: Path, stage: str) -> None:
+    if stage in _faults(root):
+        raise AcmeBug(f"acme {stage} bug")
+
+
 @dataclass(frozen=True)
 class AcmeSettings(BasicSettings):
     root: Path = Path("/acme")
+
+
+class AcmeMonitor:
+    """Asks for a rescan per line written to the root's FIFO (created by the tests)."""
+
+    def __init__(self, root: Path, hooks: MonitorHooks) -> None:
+        self._root, self._hooks = root, hooks
+        self._thread: threading.Thread | None = None
+        self._fifo = -1
+
+    def start(self) -> None:
+        _raise_if(self._root, "monitor")
+        path = self._root / RESCAN_FIFO
+        if not path.exists():
+            return
+        self._fifo = os.open(path, os.O_RDWR)  # RDWR: open without waiting for a writer
+        self._thread = threading.Thread(target=self._run, name="acme-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with os.fdopen(self._fifo, "rb", buffering=0) as f:
+            for line in iter(f.readline, b""):
+                if line.strip() == b"stop":
+                    return
+                self._hooks.rescan()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            with open(self._root / RESCAN_FIFO, "wb", buffering=0) as f:
+                f.write(b"stop\n")
+
+    def join(self, timeout: float) -> bool:
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
 
 class AcmeReader:
@@ -45,6 +105,7 @@ class AcmeReader:
         self._root = root
 
     def read(self, device: Device, now: float) -> list[t.Reading]:
+        _raise_if(self._root, "telemetry")
         try:
             busy = float((self._root / device.name / "busy").read_text())
         except (OSError, ValueError) as exc:
@@ -86,6 +147,7 @@ class AcmeDriver(Driver):
 
     def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
         root = self.settings.root
+        _raise_if(root, "discover")
         cards = sorted(p for p in root.glob("acme-*") if p.is_dir())
         devices = tuple(
             make_device(
@@ -100,6 +162,9 @@ class AcmeDriver(Driver):
         )
         notes = () if devices else (f"acme: no card under {root}",)
         return Discovered(devices, notes)
+
+    def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        return [AcmeMonitor(self.settings.root, hooks)]
 
     def telemetry(self) -> TelemetryReader | None:
         return AcmeReader(self.settings.root)

@@ -957,7 +957,7 @@ def main(argv: Iterable[str]) -> int:
         print("ready", flush=True)
         sys.stdin.read()  # until the parent closes our stdin
         monitor.stop()
-        return 0
+        return 0 if monitor.join(5) else 1
     print(
         f"usage: {sys.argv[0]} discover [INTEL [AMD [ROOT]]] | monitor|events DEBOUNCE "
         "[UDEV_CONTROL] | vfio DRIVER...",

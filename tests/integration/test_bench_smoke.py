@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(
 SUMMARY = ("median", "p99", "n")
 # section path -> fields that are {median, p99, n} summaries
 SUMMARIES: dict[str, tuple[str, ...]] = {
+    "shutdown": ("sigterm_to_exit_ms",),
     "prepare.intel": ("prepare_ms", "unprepare_ms"),
     "prepare.nvidia": ("prepare_ms", "unprepare_ms"),
     "prepare.intel.floor_ms": ("total", "grpc_round_trip", "fsync_write", "http_get"),
@@ -188,6 +189,7 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
         "zero writes when nothing changed",
         "telemetry sample < 1 ms CPU per device",
         "scrape p50 < 5 ms",
+        "SIGTERM to exit with every monitor running < 2 s",
     }
     for t in targets:
         _number(t["value"], t["name"])

@@ -220,3 +220,38 @@ def test_health_stream_full_list_and_advertised(tmp_path: Path) -> None:
     ]
     kubelet.close()
     r.close()
+
+
+def _rpc_counts() -> dict[tuple[tuple[str, str], ...], float]:
+    from dra_plugin.telemetry import metrics
+
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in metrics.REGISTRY.collect()
+        if family.name == "dra_plugin_rpc"
+        for s in family.samples
+        if s.name == "dra_plugin_rpc_total"
+    }
+
+
+def test_probes_are_not_counted_as_prepares(running: Running) -> None:
+    before = _rpc_counts()
+    for _ in range(5):
+        running.call(server.socket_answers(running.srv.dra_socket, 1.0))
+        running.call(server.socket_answers(running.srv.registration_socket, 1.0))
+    assert _rpc_counts() == before
+    assert running.handler.calls == []  # the probe never reached the claim handler
+
+
+def test_a_dead_socket_fails_the_probe(tmp_path: Path) -> None:
+    import socket as socket_
+
+    dead = tmp_path / "dra.sock"
+    with socket_.socket(socket_.AF_UNIX, socket_.SOCK_STREAM) as s:
+        s.bind(str(dead))  # a socket file nobody listens on: what a crashed server leaves
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - any failure is a failed probe
+            loop.run_until_complete(server.socket_answers(dead, 1.0))
+    finally:
+        loop.close()

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from dra_plugin import daemon, inventory
+from dra_plugin import inventory
+from dra_plugin import node as node_
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, make_device
 from dra_plugin.kubelet.health import HealthTracker
@@ -41,7 +42,7 @@ def test_a_failing_rescan_is_retried_not_fatal(
     pub = Publisher()
 
     async def scenario() -> None:
-        node = daemon.Node(Config(node_name="n"), HealthTracker(pool="n"), pub)  # type: ignore[arg-type]
+        node = node_.Node(Config(node_name="n"), HealthTracker(pool="n"), pub)  # type: ignore[arg-type]
         task = asyncio.create_task(node.rescan_loop(retry_seconds=0.01))
         node.request_rescan()
         for _ in range(200):
