@@ -595,6 +595,10 @@ class FakeAPIServer:
         # Seconds to wait before answering a claim GET (a slow API server, for tests that
         # need a prepare call in flight).
         self.claim_delay = 0.0
+        # Delayed claim GETs begun and answered: tests wait on these to know a call is in
+        # flight, or that the last one has landed, instead of sleeping.
+        self.delayed_gets_started = 0
+        self.delayed_gets_done = 0
         # Claim status: entry owners per claim (server-side apply), (verb, resource) pairs
         # answered 403 as RBAC would, and a gate a status write waits on (tests that
         # prove the kubelet's call does not wait for it).
@@ -1280,7 +1284,15 @@ class _Handler(BaseHTTPRequestHandler):
             version, ns, name = m.group(1), m.group(2), m.group(3)
             self._served(version)
             if st.claim_delay and method == "GET":
-                time.sleep(st.claim_delay)
+                with st.lock:
+                    st.delayed_gets_started += 1
+                    st.lock.notify_all()
+                try:
+                    time.sleep(st.claim_delay)  # sleep-ok: a slow API server is the point
+                finally:
+                    with st.lock:
+                        st.delayed_gets_done += 1
+                        st.lock.notify_all()
             if m.group(4):
                 return self._claim_status(method, version, ns, name, query, body)
             return self._claims(method, version, ns, name, query, body)

@@ -222,7 +222,7 @@ class Cluster:
         self.api.claim_delay = api_delay
         t = threading.Thread(target=prepare)
         t.start()
-        time.sleep(kill_after)
+        time.sleep(kill_after)  # sleep-ok: the moment of the kill varies by design
         daemon.kill()
         t.join(10)
         kubelet.close()

@@ -12,6 +12,7 @@ from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.telemetry import metrics
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
+from tests.fakes.waits import async_wait_for
 
 FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
 DEV = intel_device(0)
@@ -65,7 +66,13 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
             # meantime drops the claim's queued write.
             with activity.busy():
                 assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
-                await asyncio.sleep(0.3)  # room for a write that should not happen
+                # The positive signal: the writer has woken for the queued write (it
+                # clears its wake-up first) and so stands at the quiet-moment gate; a
+                # write that ignored the gate would now be on its way, and is counted
+                # after the flush below even though the unprepare drops the queue.
+                await async_wait_for(
+                    lambda: not reporter._wake.is_set(), what="the writer to wake up"
+                )
                 assert srv.count("patch", "resourceclaims/status") == 0
                 assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
             assert await reporter.flush(10)
@@ -116,9 +123,9 @@ def test_writes_wait_for_a_quiet_moment_not_a_gap_in_a_burst(tmp_path: Path) -> 
             assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
             # A train of other calls, each separated by a gap shorter than the quiet time.
             for _ in range(10):
-                await asyncio.sleep(QUIET_SECONDS / 4)
+                await asyncio.sleep(QUIET_SECONDS / 4)  # sleep-ok: the gap is the subject
                 with activity.busy():
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.005)  # sleep-ok: a call that takes a while
                 assert srv.count("patch", "resourceclaims/status") == 0
             assert await reporter.flush(10)  # the train is over: the write goes out
             assert srv.count("patch", "resourceclaims/status") == 1

@@ -16,6 +16,7 @@ import pytest
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim, get_info
 from tests.fakes.simnode import CARDS, unavailable_reason
+from tests.fakes.waits import wait_for
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -143,7 +144,7 @@ def test_sigterm_lets_inflight_prepare_finish(cluster: Cluster) -> None:
         )
     )
     t.start()
-    time.sleep(0.5)
+    wait_for(lambda: cluster.api.delayed_gets_started, what="the prepare's slow claim GET")
     start = time.monotonic()
     assert get_info(daemon.registration_socket(INTEL), timeout=1.0).name == INTEL
     assert time.monotonic() - start < 1.0  # GetInfo is not stuck behind the slow prepare

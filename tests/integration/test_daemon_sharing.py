@@ -5,7 +5,6 @@ and the fallback when the API server does not keep the sharing fields."""
 from __future__ import annotations
 
 import random
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,11 +140,18 @@ def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
     c = Cluster(tmp_path, profile="igpu", nvml_profile=None, consumable_capacity=False)
     try:
         for run in range(2):  # a restart too: no crash loop, the same single message
-            writes = c.api.writes()
-            daemon, kubelet, plugin = start(c, shared_env())
+            writes, watches = c.api.writes(), c.api.count("watch", "resourceslices")
+            daemon, kubelet, plugin = start(c, shared_env(LOG_LEVEL="debug"))
             c.wait_for("exclusive slice", lambda: IGPU in c.published(INTEL))
             c.wait_for("fallback logged", lambda d=daemon: FALLBACK in d.logs())
-            time.sleep(0.5)  # anything that would rewrite or crash does so by now
+            # Positive signals before "nothing more happened": the watch, the publisher's
+            # last start request, is open; the first run's create came back on it and was
+            # recognised as the publisher's own.
+            c.wait_for(
+                "the slice watch", lambda w=watches: c.api.count("watch", "resourceslices") > w
+            )
+            if run == 0:
+                c.wait_for("the create's echo", lambda d=daemon: "own slice change" in d.logs())
             assert daemon.proc.poll() is None
             # A dry run finds the gate off: one create the first time, none at a restart.
             assert c.api.writes() - writes == (1 if run == 0 else 0)

@@ -106,7 +106,7 @@ def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
     try:
         assert mon.error is None
         assert mon.running
-        time.sleep(1.0)  # a few probe rounds and event waits on the real driver
+        time.sleep(1.0)  # sleep-ok: a second of probes and event waits on the real driver
     finally:
         mon.stop()
         assert mon.join(5)

@@ -28,6 +28,7 @@ from dra_plugin.kubeapi import (
 )
 from dra_plugin.slices.build import desired_slices
 from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.waits import async_wait_for, wait_for
 
 FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02)
 REPO = Path(__file__).resolve().parents[2]
@@ -219,7 +220,11 @@ def test_a_read_stays_inside_its_budget_when_the_server_never_answers(
     server.claim_delay = 0.6  # longer than a read timeout: every attempt times out
     with pytest.raises(UnavailableError):
         run(KubeAPI.from_url(server.url, timeouts=slow).get_claim("default", "gone"))
-    time.sleep(0.7)  # the server counts a request after its delay: let the last one land
+    # The server counts a request after its delay: wait until the last one has landed.
+    wait_for(
+        lambda: server.delayed_gets_done == server.delayed_gets_started >= 1,
+        what="the delayed claim GETs to be answered",
+    )
     server.claim_delay = 0
     # 1.0 s of budget with 0.5 s (connect + read) per try: two tries, not fifty.
     assert server.count("get", "resourceclaims") == 2
@@ -253,6 +258,10 @@ def test_can_i(server: FakeAPIServer) -> None:
     assert run(go()) == (True, False, True, True, False)
 
 
+def kinds(events: list[WatchEvent]) -> list[str]:
+    return [e.type for e in events]
+
+
 def test_watch_events_and_expiry(server: FakeAPIServer) -> None:
     async def go() -> list[WatchEvent]:
         api = api_for(server)
@@ -263,20 +272,17 @@ def test_watch_events_and_expiry(server: FakeAPIServer) -> None:
                 seen.append(event)
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.3)
+        await async_wait_for(lambda: seen, what="the watch's first event (RESYNC)")
         created = await api.create_slice(one_slice())
-        await asyncio.sleep(0.3)
+        await async_wait_for(lambda: "ADDED" in kinds(seen), what="ADDED on the watch")
         server.compact()  # history gone: a resumed watch would get 410
         server.edit_slice(
             created["metadata"]["name"],
             lambda o: o["metadata"].setdefault("labels", {}).update(x="y"),
         )
-        await asyncio.sleep(0.3)
+        await async_wait_for(lambda: "MODIFIED" in kinds(seen), what="MODIFIED on the watch")
         server.delete_all_slices()
-        for _ in range(50):
-            if any(e.type == "DELETED" for e in seen):
-                break
-            await asyncio.sleep(0.05)
+        await async_wait_for(lambda: "DELETED" in kinds(seen), what="DELETED on the watch")
         task.cancel()
         await api.close()
         return seen

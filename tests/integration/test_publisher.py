@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import kubernetes_validate
 import pytest
 
 from dra_plugin.devices import Device, Health, Version, make_device
-from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
+from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts, WatchEvent
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes import apiserver
 from tests.fakes.apiserver import FakeAPIServer
+from tests.fakes.waits import async_wait_for
 
 NODE = "mini-1"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
@@ -26,6 +27,19 @@ class RecordingAPI(KubeAPI):
     """The real KubeAPI, keeping a copy of every slice it sends (for schema checks)."""
 
     sent: list[Obj]
+    watches = 0  # slice watches opened
+    handled_rv = 0  # the newest change the current watch has handed to its consumer
+
+    async def watch_slices(
+        self, node: str, driver: str | None = None, *, resource_version: str = ""
+    ) -> AsyncIterator[WatchEvent]:
+        self.watches += 1
+        self.handled_rv = int(resource_version or 0)
+        async for event in super().watch_slices(node, driver, resource_version=resource_version):
+            yield event
+            # Asked for the next event: the consumer is done with this one.
+            rv = event.object.get("metadata", {}).get("resourceVersion")
+            self.handled_rv = max(self.handled_rv, int(rv or 0))
 
     async def create_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
         self.sent.append(obj)
@@ -70,10 +84,22 @@ def publisher(api: KubeAPI, drivers: tuple[str, ...] = (NV,), **kw: Any) -> Slic
 
 
 async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+    await async_wait_for(check, timeout, what="condition")
+
+
+async def watched_everything(
+    api: RecordingAPI, srv: FakeAPIServer, pub: SlicePublisher, *, watches: int
+) -> None:
+    """The positive signal before asserting that nothing happened: the publisher's watch
+    (the `watches`-th opened on `api`) has handed over every slice change the server
+    holds, and whatever it reacted to is done."""
+    with srv.lock:
+        latest = max((rv for rv, _, _ in srv.events), default=0)
+    await async_wait_for(
+        lambda: api.watches >= watches and api.handled_rv >= latest,
+        what=f"watch #{watches} to hand over every slice change up to rv {latest}",
+    )
+    assert await pub.wait_synced()
 
 
 def pools(srv: FakeAPIServer, driver: str = NV) -> list[Obj]:
@@ -125,7 +151,7 @@ def test_first_publish_then_restart_writes_nothing(server: FakeAPIServer) -> Non
         again.set_devices(INTEL, [])
         await again.start()
         assert await again.wait_synced()
-        await asyncio.sleep(0.3)  # let the watch deliver anything it would react to
+        await watched_everything(api, server, again, watches=2)
         assert server.writes() == before and again.stats.writes == 0
         await again.stop()
 
@@ -306,14 +332,15 @@ def test_api_down_then_back(server: FakeAPIServer) -> None:
 
         server.down()  # connection refused
         pub.set_devices(NV, gpus(2))
-        await asyncio.sleep(0.5)
-        assert pub.stats.errors >= 1 and pub.stats.last_error
+        await eventually(lambda: pub.stats.errors >= 1)
+        assert pub.stats.last_error
         server.up()
         await eventually(lambda: len(stored_devices(server)) == 2, 5.0)
 
         server.fail(503)  # answering, but only with errors
+        errors = pub.stats.errors
         pub.set_devices(NV, gpus(3))
-        await asyncio.sleep(0.3)
+        await eventually(lambda: pub.stats.errors > errors)  # the 503s were met
         server.recover()
         await eventually(lambda: len(stored_devices(server)) == 3, 5.0)
         assert await pub.wait_synced()
@@ -392,7 +419,7 @@ def test_shared_pool_is_kept_by_a_gate_on_server(server: FakeAPIServer) -> None:
         again.set_devices(INTEL, intel_gpus(2))
         await again.start()
         assert await again.wait_synced()
-        await asyncio.sleep(0.3)
+        await watched_everything(api, server, again, watches=2)
         assert server.writes() == writes  # the server wrote the quantities back unchanged
         await again.stop()
 
@@ -424,7 +451,7 @@ def test_gate_off_server_falls_back_to_exclusive_once(caplog: pytest.LogCaptureF
             pub.set_devices(INTEL, intel_gpus(2))  # later changes stay exclusive
             await eventually(lambda: len(shared_devices(srv)) == 2)
             assert await pub.wait_synced()
-            await asyncio.sleep(0.3)
+            await watched_everything(api, srv, pub, watches=1)
             await pub.stop()
 
         with caplog.at_level("ERROR", logger="dra_plugin.slices.publisher"):

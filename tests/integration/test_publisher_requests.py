@@ -4,29 +4,33 @@ fake API server: no discovery request, one list by node name for every driver.""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
-from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes.apiserver import FakeAPIServer
-from tests.integration.test_publisher import FAST, INTEL, NODE, NV, gpus
+from tests.fakes.waits import async_wait_for
+from tests.integration.test_publisher import (
+    INTEL,
+    NODE,
+    NV,
+    gpus,
+    make_api,
+    watched_everything,
+)
 
 
 async def _start(srv: FakeAPIServer, sharing: dict[str, Sharing] | None = None) -> SlicePublisher:
-    api = KubeAPI.from_url(srv.url, timeouts=FAST)
+    api = make_api(srv)
     pub = SlicePublisher(api, NODE, (INTEL, NV), resync_seconds=0, sharing=sharing)
     pub.set_devices(INTEL, gpus(4, INTEL))
     pub.set_devices(NV, gpus(4, NV))
     await pub.start()
     assert await pub.wait_synced(10)
-    deadline = time.monotonic() + 10
-    while srv.count("watch", "resourceslices") < 1:  # the watch is the last request
-        assert time.monotonic() < deadline, "no watch"
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.1)  # anything after the watch would be counted too
+    # The watch is the last request; anything it would set off is counted too.
+    await async_wait_for(lambda: srv.count("watch", "resourceslices") >= 1, what="the watch")
+    await watched_everything(api, srv, pub, watches=1)
     await pub.stop()
     return pub
 

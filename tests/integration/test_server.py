@@ -15,6 +15,7 @@ from dra_plugin.devices import Health, make_device
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
 from tests.fakes.kubelet import Claim, Kubelet, RegistrationRejected, get_info
+from tests.fakes.waits import wait_for
 
 
 class ScriptedHandler:
@@ -28,7 +29,7 @@ class ScriptedHandler:
         out: dict[str, PrepareResult] = {}
         for c in claims:
             if c.name == "slow":
-                await asyncio.sleep(3)
+                await asyncio.sleep(3)  # sleep-ok: a slow prepare is what the tests need
             if c.name == "bad":
                 out[c.uid] = PrepareResult(error=f"{c}: not allocated")
             elif c.name == "forgotten":
@@ -135,7 +136,7 @@ def test_get_info_answers_while_prepare_is_slow(running: Running) -> None:
     result: list[object] = []
     t = threading.Thread(target=lambda: result.append(plugin.prepare([Claim("n", "u", "slow")])))
     t.start()
-    time.sleep(0.3)  # the slow prepare is now in flight
+    wait_for(lambda: ("prepare", ["u"]) in running.handler.calls, what="the slow prepare")
     start = time.monotonic()
     info = get_info(running.srv.registration_socket, timeout=1.0)  # the kubelet's deadline
     assert info.name == "gpu.example.com"
@@ -152,9 +153,7 @@ def test_registration_rejection_is_logged(
     kubelet = Kubelet(running.registry, running.plugins)
     with caplog.at_level("ERROR"):
         kubelet.register(running.srv.registration_socket, accept=False, reason="version skew")
-        deadline = time.monotonic() + 2
-        while "version skew" not in caplog.text and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: "version skew" in caplog.text, 2, what="the rejection logged")
     assert "rejected" in caplog.text and "version skew" in caplog.text
 
 

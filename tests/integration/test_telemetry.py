@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -314,7 +313,12 @@ def test_interval_zero_disables_telemetry(cluster: Cluster, tmp_path: Path) -> N
     calls = tmp_path / "nvml-calls"
     daemon, port = start(cluster, interval="0", FAKE_NVML_CALL_LOG=str(calls))
     cluster.wait_for("metrics", lambda: scrape_text(port))
-    time.sleep(0.5)  # a sampler would have sampled by now
+    # The positive signal: NVML is in use (the health monitor's event waits, logged to the
+    # same file) for a full wait of 1 s, well past the start where a sampler would sample.
+    cluster.wait_for(
+        "health monitor event waits",
+        lambda: calls.exists() and calls.read_text().count("wait ") >= 2,
+    )
     text = scrape_text(port)
     assert "dra_plugin_devices" in text
     assert "dra_plugin_gpu_" not in text and "dra_plugin_telemetry_" not in text
