@@ -291,9 +291,7 @@ def _hooks(
     def published() -> tuple[Device, ...]:
         return node.published.get(driver, ())
 
-    return MonitorHooks(
-        rescan=rescan, report_health=report, published=published, current_devices=published
-    )
+    return MonitorHooks(rescan=rescan, report_health=report, published=published)
 
 
 async def _start_monitor(

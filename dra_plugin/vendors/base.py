@@ -92,24 +92,18 @@ def _no_drm_events(handler: DrmEventHandler) -> None:
     """No DRM uevent listener runs (no vendor asked for drm_hotplug)."""
 
 
-def _no_devices() -> Sequence[Device]:
-    """No device list is followed (the caller did not provide one)."""
-    return ()
-
-
 @dataclass(frozen=True)
 class MonitorHooks:
     """What a vendor's monitors may do to the daemon. Every callable is thread-safe."""
 
     rescan: Callable[[], None]  # discover again soon
     report_health: Callable[[str, Health, str], None]  # device name, health, reason
-    published: Callable[[], tuple[Device, ...]]  # this vendor's published devices now
+    # This driver's published devices now: read it again to follow the list as it
+    # changes (GPUs and MIG devices that appear after start).
+    published: Callable[[], tuple[Device, ...]]
     # Subscribe to every DRM card uevent (GPU hang/reset/wedge notices, (re)binds) from
     # the core's one udev listener; the handler runs in the listener's thread.
     drm_events: Callable[[DrmEventHandler], None] = _no_drm_events
-    # This driver's currently published devices, for monitors that follow the device list
-    # as it changes (GPUs and MIG devices that appear after start).
-    current_devices: Callable[[], Sequence[Device]] = _no_devices
 
 
 class ReadError(Exception):

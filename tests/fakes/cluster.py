@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from tests.fakes import waits
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.kubelet import Claim, Kubelet, Plugin, get_info
 from tests.fakes.nvml_lib import build_fake_nvml
@@ -239,14 +240,12 @@ class Cluster:
         ]
 
     def wait_for(self, what: str, predicate: Any, timeout: float = 10) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        logs = "\n".join(d.logs()[-4000:] for d in self.daemons)
-        raise TimeoutError(f"timed out waiting for {what}\n{logs}")
+        """waits.wait_for, with the daemons' last log lines when it times out."""
+        try:
+            return waits.wait_for(predicate, timeout, what=what)
+        except TimeoutError as exc:
+            logs = "\n".join(d.logs()[-4000:] for d in self.daemons)
+            raise TimeoutError(f"{exc}\n{logs}") from None
 
     def published(self, driver: str) -> list[str]:
         return sorted(d["name"] for s in self.slices(driver) for d in s["spec"].get("devices", []))

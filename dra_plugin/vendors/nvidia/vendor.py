@@ -106,9 +106,9 @@ class NvidiaDriver(Driver):
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         def nvml_devices() -> tuple[Device, ...]:  # VFIO GPUs are not NVML's
-            return tuple(d for d in hooks.current_devices() if not vfio.is_vfio(d))
+            return tuple(d for d in hooks.published() if not vfio.is_vfio(d))
 
-        if not tuple(d for d in hooks.published() if not vfio.is_vfio(d)):
+        if not nvml_devices():
             self.health = None
             return []  # NVML is not usable or has no GPU
         self.health = NvmlHealthMonitor(
