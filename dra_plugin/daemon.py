@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,7 @@ from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader, Vend
 
 log = logging.getLogger(__name__)
 MONITOR_JOIN_SECONDS = 5.0  # at most, and never more than the grace period (at least 1 s)
+MONITOR_WATCH_SECONDS = 2.0  # how soon a monitor thread's death is noticed
 STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
 
 
@@ -88,6 +90,8 @@ async def run(cfg: Config) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with contextlib.AsyncExitStack() as stack:
+            stack.callback(setattr, threading, "excepthook", threading.excepthook)
+            threading.excepthook = log_thread_exceptions
             await _start(cfg, stack)
             # What start-up made (the imported libraries above all) lives as long as the
             # process: out of the collector's sight, a full collection no longer walks it
@@ -171,6 +175,10 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     stack.push_async_callback(stop_monitors, started, join_seconds)
     for owner, m in _monitors(cfg, drivers, node, loop=asyncio.get_running_loop()):
         await _start_monitor(owner, m, started)
+    # Cancelled before the monitors are told to stop (the stack unwinds in reverse), so a
+    # stop is never taken for a death.
+    watch = asyncio.create_task(watch_monitors(started, node), name="monitor-watch")
+    stack.push_async_callback(_cancel, watch)
     after_step("monitors")
 
     # 6. GPU telemetry sampled in the background for /metrics (listening since step 1),
@@ -312,6 +320,42 @@ async def _start_monitor(
         started.append((owner, m))
 
 
+async def watch_monitors(
+    started: Sequence[tuple[Driver | None, Monitor]],
+    node: Node,
+    interval: float = MONITOR_WATCH_SECONDS,
+) -> None:
+    """Notice a monitor whose thread ended while the daemon runs (an exception in a vendor's
+    own thread, which no caller sees): its devices are watched by nobody now, so they are
+    reported Unknown, the fault is logged and counted for its vendor, and the others go on.
+    Monitors without a thread of their own (none needed, or unavailable: they said so when
+    they started) are not watched."""
+    watched = [(o, m) for o, m in started if not m.join(0)]
+    while watched:
+        await asyncio.sleep(interval)
+        for owner, m in [(o, m) for o, m in watched if m.join(0)]:
+            watched.remove((owner, m))
+            what = f"monitor {type(m).__name__} ended unexpectedly"
+            if owner is None:  # the core's DRM listener: hotplug shows after a restart
+                log.error("%s; hotplug events are no longer seen until a restart", what)
+                continue
+            _fault(owner, "monitor", what, traceback=False)
+            for device in node.published.get(owner.name, ()):
+                node.report_health(
+                    owner.name, device.name, Health.UNKNOWN, f"{what}; restart the plugin"
+                )
+
+
+def log_thread_exceptions(args: threading.ExceptHookArgs) -> None:
+    """threading.excepthook: an exception that ends a thread goes to our log, with the
+    thread's name (the default writes to stderr, outside the log format)."""
+    if args.exc_type is SystemExit:
+        return
+    exc = args.exc_value if args.exc_value is not None else args.exc_type()
+    name = args.thread.name if args.thread is not None else "?"
+    log.error("thread %s ended by an exception", name, exc_info=exc)
+
+
 async def stop_monitors(monitors: Sequence[tuple[Driver | None, Monitor]], timeout: float) -> None:
     """Tell every monitor to stop (stop() only signals), then wait for them together, off
     the event loop, at most `timeout`: shutdown takes the slowest monitor, not the sum."""
@@ -347,8 +391,8 @@ def _readers(drivers: list[Driver]) -> dict[str, TelemetryReader]:
     return readers
 
 
-def _fault(d: Driver, stage: str, what: str) -> None:
-    log.exception("%s vendor=%s driver=%s", what, d.vendor.name, d.name)
+def _fault(d: Driver, stage: str, what: str, *, traceback: bool = True) -> None:
+    log.error("%s vendor=%s driver=%s", what, d.vendor.name, d.name, exc_info=traceback)
     metrics.vendor_fault(d.name, stage)
 
 

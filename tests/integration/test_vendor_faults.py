@@ -120,3 +120,27 @@ def test_a_fault_at_rescan_marks_acme_unknown_and_is_retried(cluster: Cluster) -
         RETRY,
     )
     assert daemon.terminate() == 0
+
+
+def test_an_exception_in_acmes_monitor_thread_marks_acme_unknown(cluster: Cluster) -> None:
+    """The vendor's own thread raises after start(): no caller sees it, the watch does."""
+    os.mkfifo(cluster.tmp / "acme" / RESCAN_FIFO)
+    daemon, port, root = _start(cluster, "")
+    cluster.wait_for("acme slice", lambda: cluster.published(DRIVER) == ["acme-0", "acme-1"])
+    acme0 = {"driver": DRIVER, "device": "acme-0"}
+    assert _scrape(port).value("dra_plugin_device_healthy", **acme0) == 1
+    with open(root / RESCAN_FIFO, "w") as fifo:
+        fifo.write("crash\n")
+    cluster.wait_for(
+        "acme unknown", lambda: _scrape(port).value("dra_plugin_device_healthy", **acme0) == -1
+    )
+    assert _faults(port, "monitor") == 1
+    logs = daemon.logs()
+    assert "thread acme-monitor ended by an exception" in logs
+    assert "AcmeBug: acme monitor thread bug" in logs
+    assert "monitor AcmeMonitor ended unexpectedly vendor=acme driver=gpu.acme.example" in logs
+    # Intel's devices are still watched and served; Acme's stay published, as Unknown.
+    assert _scrape(port).value("dra_plugin_device_healthy", driver=INTEL, device=IGPU) == 1
+    _intel_serves(cluster)
+    assert cluster.published(DRIVER) == ["acme-0", "acme-1"]
+    assert daemon.terminate() == 0
