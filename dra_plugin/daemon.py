@@ -334,10 +334,16 @@ async def watch_monitors(
     while watched:
         await asyncio.sleep(interval)
         for owner, m in [(o, m) for o, m in watched if m.join(0)]:
-            watched.remove((owner, m))
             what = f"monitor {type(m).__name__} ended unexpectedly"
-            if owner is None:  # the core's DRM listener: hotplug shows after a restart
-                log.error("%s; hotplug events are no longer seen until a restart", what)
+            if owner is None:  # the core's own udev listener: hotplug and DRM health need it
+                log.error("%s; starting it again", what)
+                try:
+                    await asyncio.to_thread(m.start)
+                    continue
+                except Exception:
+                    log.exception("udev listener cannot start again; hotplug is off")
+            watched.remove((owner, m))
+            if owner is None:
                 continue
             _fault(owner, "monitor", what, traceback=False)
             for device in node.published.get(owner.name, ()):
@@ -392,8 +398,7 @@ def _readers(drivers: list[Driver]) -> dict[str, TelemetryReader]:
 
 
 def _fault(d: Driver, stage: str, what: str, *, traceback: bool = True) -> None:
-    log.error("%s vendor=%s driver=%s", what, d.vendor.name, d.name, exc_info=traceback)
-    metrics.vendor_fault(d.name, stage)
+    metrics.vendor_fault(d.vendor.name, d.name, stage, what, traceback=traceback)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

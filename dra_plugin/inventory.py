@@ -68,9 +68,8 @@ def discover(cfg: Config) -> Inventory:
             notes.append(f"{name}: udev discovery failed: {exc}")
             devices[driver.driver_name] = ()
             continue
-        except Exception as exc:  # a vendor's bug stays in its driver: the others go on
-            log.exception("discovery failed vendor=%s driver=%s", name, driver.driver_name)
-            metrics.vendor_fault(driver.driver_name, "discover")
+        except Exception as exc:  # noqa: BLE001 - a vendor bug stays in its driver
+            metrics.vendor_fault(name, driver.driver_name, "discover", "discovery failed")
             notes.append(f"{name}: discovery failed: {type(exc).__name__}: {exc}")
             devices[driver.driver_name] = ()
             failed.add(driver.driver_name)

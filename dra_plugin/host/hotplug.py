@@ -94,14 +94,15 @@ class DrmMonitor:
             os.write(self._wake_w, b"x")
 
     def join(self, timeout: float) -> bool:
-        """Wait up to `timeout` for the thread stop() told to end; True once it has."""
+        """Wait up to `timeout` for the thread to end (after stop(), or on its own: the
+        daemon's watch asks with 0); True once it has."""
         thread = self._thread
         if thread is None:
             return True
-        self.stop()
         thread.join(timeout)
         if thread.is_alive():  # stuck in on_change: leave its fds open, it is a daemon thread
-            log.warning("drm monitor thread did not stop within %s s", timeout)
+            if self._stopping:
+                log.warning("drm monitor thread did not stop within %s s", timeout)
             return False
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)

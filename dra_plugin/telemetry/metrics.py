@@ -114,7 +114,12 @@ def api_retry(reason: str) -> None:
     _API_RETRIES.labels(reason).inc()
 
 
-def vendor_fault(driver: str, stage: str) -> None:
+def vendor_fault(
+    vendor: str, driver: str, stage: str, what: str, *, traceback: bool = True
+) -> None:
+    """One unexpected exception of a vendor's code, contained to its driver: logged once
+    with the vendor's and driver's names (and the exception being handled), and counted."""
+    log.error("%s vendor=%s driver=%s", what, vendor, driver, exc_info=traceback)
     _VENDOR_FAULTS.labels(driver, stage).inc()
 
 

@@ -150,11 +150,13 @@ class Sampler:
                 self._note_failure(device, str(exc))
                 samples.append(t.DeviceSample(ident, up=False))
                 continue
-            except Exception as exc:  # a vendor's bug: contained to its device, and counted
-                log.exception(
-                    "telemetry: reading device=%s failed vendor=%s", device.name, device.vendor
+            except Exception as exc:  # noqa: BLE001 - a vendor bug: contained, counted
+                metrics.vendor_fault(
+                    device.vendor,
+                    device.driver,
+                    "telemetry",
+                    f"telemetry: reading device={device.name} failed",
                 )
-                metrics.vendor_fault(device.driver, "telemetry")
                 self._note_failure(device, f"{type(exc).__name__}: {exc}")
                 samples.append(t.DeviceSample(ident, up=False))
                 continue
