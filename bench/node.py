@@ -23,8 +23,9 @@ INTEL_PROFILE = "intel+degraded+unknown"  # 4 Intel GPUs
 NVML_PROFILE = "bench4"  # 4 NVIDIA GPUs
 DRIVERS = (INTEL, NVIDIA)
 GPUS = 8
-# Intel shared, 128 shares per GPU: the claims burst holds shares, the sharing bench 64+1.
-SHARED_ENV = {"INTEL_SHARING": "shared", "INTEL_SHARES": "128"}
+# Intel shared, 1,024 shares per GPU (the most): the claims burst holds shares, the sharing
+# bench up to 1,000+1 of one GPU.
+SHARED_ENV = {"INTEL_SHARING": "shared", "INTEL_SHARES": "1024"}
 
 
 def why_unavailable() -> str | None:

@@ -1,10 +1,13 @@
-"""Prepare latency of one more share of a GPU with 0, 8 and 64 shares already held.
+"""Prepare latency of one more share of a GPU with 0, 8, 64 and 1,000 shares already held.
 
 Through the kubelet emulator to the real daemon (Intel driver in shared mode). Each
 iteration prepares one new share of device A and one exclusive claim of device B, in
 alternating order, so both see the same node state (the same checkpoint size, the same
 load): the ratio isolates what sharing costs. Target: the shared p50 within 10% of the
-exclusive p50 at every level.
+exclusive p50 at every level (1,000 held included: the share books are kept per device,
+so a share's check does not walk the holders). `share_1000_vs_0_p50` compares the shared
+p50 across levels, for the record only: levels are measured one after another, and a
+shared machine's speed drifts between them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from tests.fakes.simnode import CARDS
 NAMESPACE = "bench-sharing"
 SHARED_DEVICE = CARDS["dgpu"].name
 EXCLUSIVE_DEVICE = CARDS["degraded"].name
-LEVELS = (0, 8, 64)
+LEVELS = (0, 8, 64, 1000)
+FILL_CALL = 100  # held claims per prepare call while filling up
 TARGET_RATIO = 1.10
 
 
@@ -55,8 +59,8 @@ def run(node: Any, plugin: Plugin, *, repeats: int, warmup: int) -> dict[str, An
     levels: dict[str, Any] = {}
     for held in LEVELS:
         holders = [_claim(node, f"held-{held}-{i}", SHARED_DEVICE, True) for i in range(held)]
-        if holders:
-            _prepare(plugin, holders)
+        for start in range(0, held, FILL_CALL):
+            _prepare(plugin, holders[start : start + FILL_CALL])
         shared: list[float] = []
         exclusive: list[float] = []
         for i in range(warmup + repeats):
@@ -68,8 +72,8 @@ def run(node: Any, plugin: Plugin, *, repeats: int, warmup: int) -> dict[str, An
                 _unprepare(plugin, [claim])
                 if i >= warmup:
                     out.append(t)
-        if holders:
-            _unprepare(plugin, holders)
+        for start in range(0, held, FILL_CALL):
+            _unprepare(plugin, holders[start : start + FILL_CALL])
         sh, ex = summarize(shared), summarize(exclusive)
         levels[str(held)] = {
             "shares_held": held,
@@ -83,6 +87,10 @@ def run(node: Any, plugin: Plugin, *, repeats: int, warmup: int) -> dict[str, An
         "exclusive_device": EXCLUSIVE_DEVICE,
         "levels": levels,
         "worst_ratio_p50": worst,
+        "share_1000_vs_0_p50": ratio(
+            levels[str(LEVELS[-1])]["shared_prepare_ms"]["median"],
+            levels[str(LEVELS[0])]["shared_prepare_ms"]["median"],
+        ),
     }
 
 
@@ -92,6 +100,9 @@ def target(r: dict[str, Any]) -> dict[str, Any]:
         "name": "shared prepare p50 within 10% of exclusive",
         "target": f"<= {TARGET_RATIO}x",
         "value": s["worst_ratio_p50"],
-        "detail": {k: v["ratio_p50"] for k, v in s["levels"].items()},
+        "detail": {
+            **{k: v["ratio_p50"] for k, v in s["levels"].items()},
+            "share_1000_vs_0": s["share_1000_vs_0_p50"],
+        },
         "met": s["worst_ratio_p50"] <= TARGET_RATIO,
     }

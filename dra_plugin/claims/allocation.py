@@ -10,11 +10,12 @@ allocation), and the error says which claim holds what.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
-from dra_plugin.checkpoint.snapshot import ClaimMap, ClaimRecord, holder
+from dra_plugin.checkpoint.snapshot import ClaimMap, DeviceBook, holder
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
@@ -42,51 +43,39 @@ class Chosen:
 
 @dataclass(frozen=True)
 class _Hold:
-    uid: str
-    named: str | ClaimRecord  # how messages name the holder; a record is named when needed
-    shares: int  # 0: exclusive
-    prior: bool  # from the checkpoint: replaced when the same claim is prepared again
+    """A device use accepted earlier in this call (not yet recorded)."""
 
-    @property
-    def who(self) -> str:
-        # Naming every held claim on each pass would cost O(claims held) string work.
-        return self.named if isinstance(self.named, str) else holder(self.named)
+    uid: str
+    who: str
+    shares: int  # 0: exclusive
+
+
+def _other(uids: Iterable[str], uid: str) -> str | None:
+    """The first of `uids` that is not `uid` (at most two steps)."""
+    return next((u for u in uids if u != uid), None)
 
 
 @dataclass
 class Holdings:
     """Who uses which device: prepared claims, plus those accepted earlier in this call.
 
-    The prepared claims are read per device, when a device is checked, from the
-    checkpoint's device index (ClaimMap.by_device): building this costs nothing however
-    many claims the node holds."""
+    The prepared claims are read from the checkpoint's running books (ClaimMap.books):
+    a check costs the same with 0 or 1,000 claims holding the device."""
 
     sharing: Sharing | None
-    prior: Mapping[str, Mapping[str, ClaimRecord]] = field(default_factory=dict)
+    claims: ClaimMap = field(default_factory=ClaimMap)
     _by_device: dict[str, list[_Hold]] = field(default_factory=dict)  # this call's
     _added: list[str] = field(default_factory=list)  # devices, in the order held
 
     @classmethod
     def of(cls, claims: ClaimMap, sharing: Sharing | None) -> Holdings:
-        return cls(sharing, claims.by_device)
+        return cls(sharing, claims)
 
-    def _holds(self, device: str) -> list[_Hold]:
-        out: list[_Hold] = []
-        for rec in self.prior.get(device, {}).values():
-            for d in rec.devices:
-                if d.device != device or d.admin_access:
-                    continue
-                shares = d.shares if d.share_id is not None else 0
-                if rec.recovered and self.sharing is not None:
-                    shares = 1  # rebuilt from a spec file: the share count is unknown
-                out.append(_Hold(rec.uid, rec, shares, prior=True))
-        out += self._by_device.get(device, [])
-        return out
+    def _who(self, uid: str) -> str:
+        return holder(self.claims[uid])
 
-    def add(
-        self, device: str, uid: str, who: str | ClaimRecord, shares: int, *, prior: bool = False
-    ) -> None:
-        self._by_device.setdefault(device, []).append(_Hold(uid, who, shares, prior))
+    def add(self, device: str, uid: str, who: str, shares: int) -> None:
+        self._by_device.setdefault(device, []).append(_Hold(uid, who, shares))
         self._added.append(device)
 
     def mark(self) -> int:
@@ -97,18 +86,34 @@ class Holdings:
         while len(self._added) > mark:
             self._by_device[self._added.pop()].pop()
 
+    def _blocker(self, uid: str, book: DeviceBook, call: list[_Hold]) -> str | None:
+        """Who uses the device in a way that excludes any other use, named."""
+        if (other := _other(book.exclusive, uid)) is not None:
+            return self._who(other)
+        mine = self.claims.get(uid)
+        # A recovered claim re-prepared from its API allocation is not blocked by the
+        # others rebuilt with it: they were all prepared together before the damage.
+        recovered = mine is not None and mine.recovered
+        if not recovered and (other := _other(book.unknown, uid)) is not None:
+            return f"{self._who(other)}, whose use is unknown until the kubelet prepares it again"
+        return next((h.who for h in call if h.uid != uid and h.shares == 0), None)
+
     def check(self, who: str, uid: str, device: str, share_id: str | None, shares: int) -> None:
         """Raise ClaimError when `uid` may not use `device` as asked."""
-        holds = self._holds(device)
-        others = [h for h in holds if h.uid != uid]
-        exclusive = next((h for h in others if h.shares == 0), None)
+        book = self.claims.books.get(device) or _NO_BOOK
+        call = self._by_device.get(device, [])
+        blocker = self._blocker(uid, book, call)
+        call_sharers = {h.uid: h.who for h in call if h.uid != uid and h.shares > 0}
+        sharers = len(book.sharers) - (uid in book.sharers) + len(call_sharers)
         if share_id is None:
-            if exclusive is not None:
-                raise ClaimError(f"{who}: device {device} is already prepared for {exclusive.who}")
-            if others:
+            if blocker is not None:
+                raise ClaimError(f"{who}: device {device} is already prepared for {blocker}")
+            if sharers:
+                first = _other(book.sharers, uid)
+                named = self._who(first) if first is not None else next(iter(call_sharers.values()))
                 raise ClaimError(
-                    f"{who}: device {device} is shared by {len(others)} other claim(s) (first: "
-                    f"{others[0].who}); it cannot also be prepared for exclusive use"
+                    f"{who}: device {device} is shared by {sharers} other claim(s) (first: "
+                    f"{named}); it cannot also be prepared for exclusive use"
                 )
             return
         if self.sharing is None:
@@ -117,24 +122,31 @@ class Holdings:
                 "this driver publishes its devices for exclusive use (sharing mode "
                 "exclusive); delete and re-create the claim"
             )
-        if exclusive is not None:
+        if blocker is not None:
             raise ClaimError(
-                f"{who}: device {device} is prepared for exclusive use by {exclusive.who}; "
+                f"{who}: device {device} is prepared for exclusive use by {blocker}; "
                 "it cannot also be shared"
             )
-        mine = sum(h.shares for h in holds if h.uid == uid and not h.prior)
-        held = sum(h.shares for h in others) + mine
+        mine = sum(h.shares for h in call if h.uid == uid)
+        held = (
+            book.shares
+            - book.sharers.get(uid, 0)
+            + sum(h.shares for h in call if h.uid != uid)
+            + mine
+        )
         if held + shares > self.sharing.shares:
-            holders = list(dict.fromkeys(h.who for h in others))
-            named = "; ".join(holders[:3]) + (
-                f"; {len(holders) - 3} more" if len(holders) > 3 else ""
-            )
+            names = [self._who(u) for u in islice((u for u in book.sharers if u != uid), 3)]
+            names += list(call_sharers.values())[: 3 - len(names)]
+            named = "; ".join(names) + (f"; {sharers - 3} more" if sharers > 3 else "")
             raise ClaimError(
                 f"{who}: device {device} is over-subscribed: it has {self.sharing.shares} "
-                f"shares, {held} are held by {len(holders) + (mine > 0)} "
+                f"shares, {held} are held by {sharers + (mine > 0)} "
                 f"claim(s), this claim asks for {shares}"
                 + (f" (holders: {named})" if named else "")
             )
+
+
+_NO_BOOK = DeviceBook()
 
 
 def _kind(value: object) -> str:

@@ -55,6 +55,7 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
     "sharing.levels.0": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.8": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.64": ("shared_prepare_ms", "exclusive_prepare_ms"),
+    "sharing.levels.1000": ("shared_prepare_ms", "exclusive_prepare_ms"),
     **{
         f"telemetry.{n}": (
             "sample_cpu_ms_per_device",
@@ -116,7 +117,7 @@ NUMBERS: dict[str, tuple[str, ...]] = {
     ),
     "fleet.restart_no_change": ("seconds", "requests", "requests_per_node", "writes"),
     "machine": ("nproc",),
-    "sharing": ("worst_ratio_p50",),
+    "sharing": ("worst_ratio_p50", "share_1000_vs_0_p50"),
     "sharing.levels.64": ("ratio_p50", "shares_held"),
     **{
         f"telemetry.{n}": (

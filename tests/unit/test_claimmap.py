@@ -19,6 +19,7 @@ from dra_plugin.checkpoint.snapshot import (
     STATES,
     ClaimMap,
     ClaimRecord,
+    DeviceBook,
     DeviceRecord,
     State,
 )
@@ -66,6 +67,67 @@ def test_views_match_a_full_scan_after_any_changes(ops: list[tuple[Any, ...]]) -
         unsettled, by_device = _scanned(claims)
         assert set(claims.unsettled) == set(unsettled)
         assert claims.by_device == by_device
+
+
+_use = st.sampled_from(["exclusive", "share1", "share3", "admin"])
+_book_op = st.one_of(
+    st.tuples(
+        st.just("put"),
+        _uids,
+        st.booleans(),  # recovered
+        st.lists(st.tuples(st.sampled_from(["d0", "d1"]), _use), max_size=3),
+    ),
+    st.tuples(st.just("drop"), _uids),
+)
+
+
+def _used(uid: str, recovered: bool, uses: list[tuple[str, str]]) -> ClaimRecord:
+    devs = tuple(
+        DeviceRecord(
+            ("gpu",),
+            "node",
+            device,
+            (),
+            share_id=f"share-{uid}" if use.startswith("share") else None,
+            admin_access=use == "admin",
+            shares=int(use[-1]) if use.startswith("share") else 0,
+        )
+        for device, use in uses
+    )
+    return ClaimRecord(uid, "ns", uid, COMPLETED, f"{uid}.json", devs, recovered=recovered)
+
+
+def _scanned_books(claims: ClaimMap) -> dict[str, DeviceBook]:
+    """The books as a scan of every claim computes them."""
+    books: dict[str, DeviceBook] = {}
+    for u, r in claims.items():
+        for d in r.devices:
+            if d.admin_access:
+                continue
+            book = books.setdefault(d.device, DeviceBook())
+            if r.recovered:
+                book.unknown[u] = None
+            elif d.share_id is None:
+                book.exclusive[u] = None
+            else:
+                book.sharers[u] = book.sharers.get(u, 0) + d.shares
+                book.shares += d.shares
+    return books
+
+
+@given(st.lists(_book_op, max_size=40))
+def test_device_books_match_a_full_scan_after_any_changes(ops: list[tuple[Any, ...]]) -> None:
+    claims = ClaimMap()
+    for op in ops:
+        if op[0] == "put":
+            claims[op[1]] = _used(op[1], op[2], op[3])
+        else:
+            claims.pop(op[1], None)
+        want = _scanned_books(claims)
+        assert {
+            k: (b.shares, b.sharers, set(b.exclusive), set(b.unknown))
+            for k, b in claims.books.items()
+        } == {k: (b.shares, b.sharers, set(b.exclusive), set(b.unknown)) for k, b in want.items()}
 
 
 def test_state_wraps_a_plain_dict_and_copies_compare_equal() -> None:

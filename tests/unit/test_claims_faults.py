@@ -224,7 +224,8 @@ def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(tmp_path: Path, los
     holder = (
         f"claim default/claim-1 (uid {uid(1)})"  # the journal still knew it
         if lost == "snapshot"
-        else f"claim uid {uid(1)} (recovered from its CDI spec; name unknown)"
+        else f"claim uid {uid(1)} (recovered from its CDI spec; name unknown), whose use "
+        "is unknown until the kubelet prepares it again"
     )
     assert (
         err == f"claim default/second (uid {uid(2)}): device {D0} is already prepared for {holder}"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.snapshot import FILE_NAME
+from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord
 from dra_plugin.claims.claims import PreparedDevice
 from dra_plugin.sharing import Sharing
 from tests.fakes.claim_harness import (
@@ -166,16 +166,39 @@ def test_prioritized_list_subrequests_return_the_main_request(
     assert run(p.prepare([ref(c)]))[uid(1)] == got
 
 
-def test_rebuilt_records_count_as_one_share(tmp_path: Path) -> None:
-    claims = [shared(1), shared(2)]
-    p = preparer(tmp_path, FakeApi(claims), DEVICES, sharing=Sharing(2))
-    assert all(not r.error for r in run(p.prepare([ref(c) for c in claims])).values())
-    (tmp_path / "state" / FILE_NAME).write_text("garbage")
-    third = shared(3)
-    q = preparer(tmp_path, FakeApi([*claims, third]), DEVICES, sharing=Sharing(2))
-    assert "over-subscribed" in run(q.prepare([ref(third)]))[uid(3)].error
-    # The kubelet re-prepares a rebuilt claim: it is completed again, with its share ID.
-    assert run(q.prepare([ref(claims[0])]))[uid(1)].devices[0].share_id == share_id(1)
+def _recovered(i: int, device: str = D0) -> ClaimRecord:
+    """A record rebuilt from a spec file that did not carry it: its use is unknown."""
+    dev = DeviceRecord((), NODE, device, (f"k8s.{DRIVER}/claim={uid(i)}-{device}",))
+    return ClaimRecord(
+        uid(i), "", "", COMPLETED, f"k8s.{DRIVER}-claim_{uid(i)}.json", (dev,), recovered=True
+    )
+
+
+def test_a_recovered_holder_of_unknown_use_blocks_new_claims_but_not_its_peers(
+    tmp_path: Path,
+) -> None:
+    first, second, third, excl = shared(1), shared(2), shared(3), claim(4, [result(D0)])
+    fifth = shared(5)
+    api = FakeApi([first, second, third, excl, fifth])
+    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(3))
+    Checkpoint(tmp_path / "state", DRIVER, boot_id=lambda: "boot-1").put(
+        [_recovered(1), _recovered(2)]
+    )
+    # Never guessed as one share each: a new share or exclusive claim waits for them.
+    got = run(p.prepare([ref(third), ref(excl)]))
+    assert got[uid(3)].error == (
+        f"{who(3)}: device {D0} is prepared for exclusive use by claim uid {uid(1)} "
+        "(recovered from its CDI spec; name unknown), whose use is unknown until the "
+        "kubelet prepares it again; it cannot also be shared"
+    )
+    assert "whose use is unknown" in got[uid(4)].error
+    # The kubelet re-prepares the recovered claims: each from its API allocation, not
+    # blocked by the other one rebuilt with it; they are completed with their share IDs.
+    got = run(p.prepare([ref(first), ref(second)]))
+    assert [got[uid(i)].devices[0].share_id for i in (1, 2)] == [share_id(1), share_id(2)]
+    # Now the books are exact: one share is left, and the new share takes it.
+    assert run(p.prepare([ref(third)]))[uid(3)].error == ""
+    assert "over-subscribed" in run(p.prepare([ref(fifth)]))[uid(5)].error
     check_consistent(tmp_path)
 
 
