@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from dra_plugin.claims.allocation import malformed
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.kubeapi import ApiError, NotFoundError
 
+log = logging.getLogger(__name__)
 FETCH_CONCURRENCY = 8
 FetchClaim = Callable[[str, str], Awaitable[Mapping[str, Any]]]
 
@@ -37,6 +39,9 @@ async def _one(fetch: FetchClaim, ref: ClaimRef) -> Fetched:
         return FetchFailed(f"{ref}: not found in the API")
     except ApiError as exc:
         return FetchFailed(f"{ref}: cannot read it from the API: {exc}")
+    except Exception as exc:  # a bug reading one claim fails that claim, not the call
+        log.exception("%s: unexpected error reading the claim", ref)
+        return FetchFailed(f"{ref}: cannot read it from the API: {type(exc).__name__}: {exc}")
 
 
 async def fetch_all(fetch: FetchClaim, refs: Sequence[ClaimRef]) -> dict[str, Fetched]:

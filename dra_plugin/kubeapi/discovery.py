@@ -58,6 +58,8 @@ def claim_to_v1(claim: Obj, version: str) -> Obj:
     v1beta2 and v1. Only v1beta1's requests differ: their fields sit on the request
     instead of under `exactly`.
     """
+    if not isinstance(claim, dict):
+        return claim  # not a claim at all: the caller says so, for this claim alone
     out: Obj = json.loads(json.dumps(claim))  # deep copy; claims are small
     out["apiVersion"] = f"{RESOURCE_GROUP}/v1"
     if version == "v1beta1":
@@ -70,8 +72,11 @@ def claim_to_v1(claim: Obj, version: str) -> Obj:
             "tolerations",
             "capacity",
         )
-        for req in out.get("spec", {}).get("devices", {}).get("requests", []) or []:
-            if req.get("firstAvailable"):
+        spec = out.get("spec")
+        devices = spec.get("devices") if isinstance(spec, dict) else None
+        requests = devices.get("requests") if isinstance(devices, dict) else None
+        for req in requests if isinstance(requests, list) else []:
+            if not isinstance(req, dict) or req.get("firstAvailable"):
                 continue
             exactly = {k: req.pop(k) for k in exact_fields if k in req}
             if exactly:

@@ -48,6 +48,14 @@ class UnavailableError(ApiError):
         self.retry_after = retry_after  # seconds the server asked us to wait (Retry-After)
 
 
+class MalformedError(ApiError):
+    """The server answered 2xx with a body that cannot be used (not JSON, nested past what
+    the decoder takes, or larger than any object the API server stores): asking again
+    would give the same answer, so it is not retried."""
+
+    reason = "malformed"
+
+
 class ForbiddenError(ApiError):
     """Authentication or authorization failed (HTTP 401/403): RBAC, not a transient fault."""
 

@@ -44,6 +44,7 @@ from dra_plugin.kubeapi import httpget
 from dra_plugin.kubeapi.errors import (
     TRANSPORT_ERRORS,
     ApiError,
+    MalformedError,
     NoCredentials,
     UnavailableError,
     translate,
@@ -79,6 +80,24 @@ class Backoff:
 
     def reset(self) -> None:
         self._attempt = 0
+
+
+# The API server refuses objects past ~1.5 MiB (etcd's request limit); a JSON answer far
+# larger is not an object it stored, and decoding it would only cost memory.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def decode(what: str, data: bytes) -> Any:
+    """A 2xx body as JSON (any JSON value: callers check the shape they read), or
+    MalformedError saying why it cannot be used."""
+    if len(data) > MAX_BODY_BYTES:
+        raise MalformedError(f"{what}: response of {len(data)} bytes is too large")
+    try:
+        return json.loads(data) if data else {}
+    except ValueError as exc:
+        raise MalformedError(f"{what}: response is not JSON ({exc})") from None
+    except RecursionError:
+        raise MalformedError(f"{what}: response nests too deeply to decode") from None
 
 
 @dataclass(frozen=True)
@@ -246,10 +265,7 @@ class Transport:
             raise translate(exc, what) from exc
         except TRANSPORT_ERRORS as exc:
             raise translate(exc, what) from exc
-        try:
-            return json.loads(data) if data else {}
-        except ValueError as exc:
-            raise UnavailableError(f"{what}: response is not JSON") from exc
+        return decode(what, data)
 
     def _auth_headers(self, *, refresh: bool = False) -> dict[str, str]:
         """Headers for a plain GET: the client's defaults and its auth, computed once per
@@ -338,10 +354,8 @@ class Transport:
                 # The client's exceptions carry the headers (Retry-After moves the gate).
                 err.headers = {"Retry-After": resp.headers.get("retry-after", "")}
                 raise translate(err, what) from err
-            try:
-                return json.loads(resp.body) if resp.body else {}
-            except ValueError as exc:
-                raise UnavailableError(f"{what}: response is not JSON") from exc
+            got: Obj = decode(what, resp.body)  # maybe not an object: callers check
+            return got
 
         return await self._retry(what, once, urgent=urgent)
 

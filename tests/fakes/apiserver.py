@@ -511,6 +511,14 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class RawBody(dict[str, Any]):
+    """A response body sent as these exact bytes (FakeAPIServer.set_claim_body)."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__()
+        self.data = data
+
+
 def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
     body: Obj = {
         "kind": "Status",
@@ -595,6 +603,9 @@ class FakeAPIServer:
         # Seconds to wait before answering a claim GET (a slow API server, for tests that
         # need a prepare call in flight).
         self.claim_delay = 0.0
+        # (namespace, name) -> the exact bytes a GET of that claim answers with (200): a
+        # broken server, proxy or webhook. Any bytes: not JSON, not an object, too deep.
+        self.raw_claims: dict[tuple[str, str], bytes] = {}
         # Delayed claim GETs begun and answered: tests wait on these to know a call is in
         # flight, or that the last one has landed, instead of sleeping.
         self.delayed_gets_started = 0
@@ -716,6 +727,11 @@ class FakeAPIServer:
             node["metadata"]["resourceVersion"] = self._next_rv()
             self.nodes[name] = node
         return copy.deepcopy(node)
+
+    def set_claim_body(self, namespace: str, name: str, data: bytes) -> None:
+        """Answer every GET of this claim with `data` (status 200), whatever it is."""
+        with self.lock:
+            self.raw_claims[(namespace, name)] = data
 
     def add_claim(self, claim: Obj) -> Obj:
         """Seed a ResourceClaim given in the v1 shape (uid/resourceVersion filled in)."""
@@ -1206,7 +1222,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # --- plumbing -------------------------------------------------------------------------
     def _send(self, code: int, body: Obj, retry_after: float | None = None) -> None:
-        data = json.dumps(body).encode()
+        data = body.data if isinstance(body, RawBody) else json.dumps(body).encode()
         self.send_response(code)
         if retry_after is not None:
             self.send_header("Retry-After", f"{retry_after:g}")
@@ -1480,6 +1496,9 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "GET" and name:
             self._count("get", "resourceclaims")
             with st.lock:
+                raw = st.raw_claims.get((ns, name))
+                if raw is not None:
+                    return 200, RawBody(raw)
                 claim = st.claims.get((ns, name))
                 if claim is None:
                     raise _not_found(name, f"resourceclaims.{GROUP}")
