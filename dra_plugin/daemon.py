@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dra_plugin import inventory
+from dra_plugin import inventory, monitors
 from dra_plugin.cdi.claims import CdiOptions, ClaimEdits
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.doctor import cdiroot
-from dra_plugin.host import files, hotplug, udev
+from dra_plugin.host import files, hotplug
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
@@ -52,8 +52,6 @@ from dra_plugin.vendors.base import Driver as VendorDriver
 from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader, Vendor
 
 log = logging.getLogger(__name__)
-MONITOR_JOIN_SECONDS = 5.0  # at most, and never more than the grace period (at least 1 s)
-MONITOR_WATCH_SECONDS = 2.0  # how soon a monitor thread's death is noticed
 STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
 
 
@@ -91,7 +89,7 @@ async def run(cfg: Config) -> int:
     try:
         async with contextlib.AsyncExitStack() as stack:
             stack.callback(setattr, threading, "excepthook", threading.excepthook)
-            threading.excepthook = log_thread_exceptions
+            threading.excepthook = monitors.log_thread_exceptions
             await _start(cfg, stack)
             # What start-up made (the imported libraries above all) lives as long as the
             # process: out of the collector's sight, a full collection no longer walks it
@@ -170,14 +168,14 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     rescans = asyncio.create_task(node.rescan_loop(failing=bool(inv.failed)), name="rescan")
     stack.push_async_callback(_cancel, rescans)
     after_step("publisher")
-    started: list[tuple[Driver | None, Monitor]] = []
-    join_seconds = max(1.0, min(MONITOR_JOIN_SECONDS, cfg.shutdown_grace_seconds))
-    stack.push_async_callback(stop_monitors, started, join_seconds)
+    started: list[monitors.Owned] = []
+    join_seconds = max(1.0, min(monitors.JOIN_SECONDS, cfg.shutdown_grace_seconds))
+    stack.push_async_callback(monitors.stop_all, started, join_seconds)
     for owner, m in _monitors(cfg, drivers, node, loop=asyncio.get_running_loop()):
-        await _start_monitor(owner, m, started)
+        await monitors.start(owner, m, started)
     # Cancelled before the monitors are told to stop (the stack unwinds in reverse), so a
     # stop is never taken for a death.
-    watch = asyncio.create_task(watch_monitors(started, node), name="monitor-watch")
+    watch = asyncio.create_task(monitors.watch(started, node), name="monitor-watch")
     stack.push_async_callback(_cancel, watch)
     after_step("monitors")
 
@@ -266,14 +264,14 @@ def _handler(d: Driver) -> ClaimStatusReporter:
 
 def _monitors(
     cfg: Config, drivers: list[Driver], node: Node, loop: asyncio.AbstractEventLoop
-) -> list[tuple[Driver | None, Monitor]]:
+) -> list[monitors.Owned]:
     """(driver, monitor) for every monitor to start: the core's one DRM uevent listener
     (no driver) when a vendor wants hotplug, then each vendor's own."""
 
     def rescan() -> None:
         loop.call_soon_threadsafe(node.request_rescan)
 
-    out: list[tuple[Driver | None, Monitor]] = []
+    out: list[monitors.Owned] = []
     drm_monitor = None
     if any(d.vendor.drm_hotplug for d in drivers):  # one uevent listener for every DRM vendor
         drm_monitor = hotplug.DrmMonitor(rescan)
@@ -286,7 +284,7 @@ def _monitors(
             d.monitors = d.bound.monitors(hooks)
         except Exception:  # noqa: BLE001 - a vendor bug: its driver is served without monitors
             _fault(d, "monitor", "creating its monitors failed")
-        out += [(d, m) for m in d.monitors]
+        out += [(d.bound, m) for m in d.monitors]
     return out
 
 
@@ -302,88 +300,6 @@ def _hooks(
     return MonitorHooks(rescan=rescan, report_health=report, published=published)
 
 
-async def _start_monitor(
-    owner: Driver | None, m: Monitor, started: list[tuple[Driver | None, Monitor]]
-) -> None:
-    try:
-        # In a thread: nvmlInit and event registration can be slow, and the kubelet may
-        # already be calling GetInfo (1 s) on the sockets opened above.
-        await asyncio.to_thread(m.start)
-    except udev.DiscoveryError as exc:
-        # Without hotplug the node is still served; changes show after a restart.
-        log.error("hotplug monitor disabled error=%s", exc)
-    except Exception:
-        if owner is None:
-            raise  # the core's own listener: a bug of ours, not a vendor's
-        _fault(owner, "monitor", "monitor failed to start")  # the others go on
-    else:
-        started.append((owner, m))
-
-
-async def watch_monitors(
-    started: Sequence[tuple[Driver | None, Monitor]],
-    node: Node,
-    interval: float = MONITOR_WATCH_SECONDS,
-) -> None:
-    """Notice a monitor whose thread ended while the daemon runs (an exception in a vendor's
-    own thread, which no caller sees): its devices are watched by nobody now, so they are
-    reported Unknown, the fault is logged and counted for its vendor, and the others go on.
-    Monitors without a thread of their own (none needed, or unavailable: they said so when
-    they started) are not watched."""
-    watched = [(o, m) for o, m in started if not m.join(0)]
-    while watched:
-        await asyncio.sleep(interval)
-        for owner, m in [(o, m) for o, m in watched if m.join(0)]:
-            what = f"monitor {type(m).__name__} ended unexpectedly"
-            if owner is None:  # the core's own udev listener: hotplug and DRM health need it
-                log.error("%s; starting it again", what)
-                try:
-                    await asyncio.to_thread(m.start)
-                    continue
-                except Exception:
-                    log.exception("udev listener cannot start again; hotplug is off")
-            watched.remove((owner, m))
-            if owner is None:
-                continue
-            _fault(owner, "monitor", what, traceback=False)
-            for device in node.published.get(owner.name, ()):
-                node.report_health(
-                    owner.name, device.name, Health.UNKNOWN, f"{what}; restart the plugin"
-                )
-
-
-def log_thread_exceptions(args: threading.ExceptHookArgs) -> None:
-    """threading.excepthook: an exception that ends a thread goes to our log, with the
-    thread's name (the default writes to stderr, outside the log format)."""
-    if args.exc_type is SystemExit:
-        return
-    exc = args.exc_value if args.exc_value is not None else args.exc_type()
-    name = args.thread.name if args.thread is not None else "?"
-    log.error("thread %s ended by an exception", name, exc_info=exc)
-
-
-async def stop_monitors(monitors: Sequence[tuple[Driver | None, Monitor]], timeout: float) -> None:
-    """Tell every monitor to stop (stop() only signals), then wait for them together, off
-    the event loop, at most `timeout`: shutdown takes the slowest monitor, not the sum."""
-
-    def tell(owner: Driver | None, m: Monitor) -> None:
-        try:
-            m.stop()
-        except Exception:  # a vendor's bug must not keep the others running
-            if owner is None:
-                raise
-            _fault(owner, "monitor", "monitor failed to stop")
-
-    for owner, m in monitors:
-        tell(owner, m)
-    joins = [asyncio.to_thread(m.join, timeout) for _, m in monitors]
-    for (_, m), stopped in zip(
-        monitors, await asyncio.gather(*joins, return_exceptions=True), strict=True
-    ):
-        if stopped is not True:
-            log.warning("monitor %s did not stop within %.0f s", type(m).__name__, timeout)
-
-
 def _readers(drivers: list[Driver]) -> dict[str, TelemetryReader]:
     readers: dict[str, TelemetryReader] = {}
     for d in drivers:
@@ -397,8 +313,8 @@ def _readers(drivers: list[Driver]) -> dict[str, TelemetryReader]:
     return readers
 
 
-def _fault(d: Driver, stage: str, what: str, *, traceback: bool = True) -> None:
-    metrics.vendor_fault(d.vendor.name, d.name, stage, what, traceback=traceback)
+def _fault(d: Driver, stage: str, what: str) -> None:
+    monitors.fault(d.bound, stage, what)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

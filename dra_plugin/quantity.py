@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$")
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+))([eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?\Z", re.ASCII
+)
 _SUFFIX = {
     "": Decimal(1),
     "n": Decimal("1e-9"),

@@ -32,7 +32,7 @@ MAX_SHARES = 1024
 MEMORY_STEP = 2**20  # memory is booked in MiB
 
 # ShareIDs are UIDs in RFC 4122 normalized (lowercase) form, as the API validates them.
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\Z")
 
 Obj = dict[str, Any]
 

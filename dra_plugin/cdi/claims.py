@@ -84,7 +84,7 @@ def spec_file_name(driver: str, claim_uid: str) -> str:
 def _file_pattern(driver: str) -> re.Pattern[str]:
     return re.compile(
         rf"^k8s\.{re.escape(driver)}-{CLAIM_CLASS}_(?P<uid>[a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?)"
-        r"\.json$"
+        r"\.json\Z"
     )
 
 

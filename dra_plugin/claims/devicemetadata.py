@@ -153,7 +153,7 @@ class MetadataFiles:
         self.base = plugin_dir / SUBDIR
         self.cdi_root = cdi_root
         self._spec = re.compile(
-            rf"^{re.escape(driver)}_metadata_(?P<uid>[a-z0-9-]+)_(?P<req>[a-z0-9-]+)\.json$"
+            rf"^{re.escape(driver)}_metadata_(?P<uid>[a-z0-9-]+)_(?P<req>[a-z0-9-]+)\.json\Z"
         )
 
     def plan(

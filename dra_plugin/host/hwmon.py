@@ -16,9 +16,9 @@ from pathlib import Path
 from dra_plugin.devices import PCIE_GEN_BY_RATE, Device
 from dra_plugin.telemetry import catalogue as t
 
-_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_TEMP_INPUT = re.compile(r"^temp(\d+)_input$")
-_FREQ_INPUT = re.compile(r"^freq(\d+)_input$")
+_PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
+_TEMP_INPUT = re.compile(r"^temp(\d+)_input\Z", re.ASCII)
+_FREQ_INPUT = re.compile(r"^freq(\d+)_input\Z", re.ASCII)
 # hwmon frequency channels (amdgpu names them) -> the series they feed.
 _CLOCKS = {"sclk": t.SM_CLOCK, "mclk": t.MEMORY_CLOCK}
 

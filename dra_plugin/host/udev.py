@@ -37,11 +37,11 @@ log = logging.getLogger(__name__)
 GpuClasses = Mapping[str, tuple[str, ...]]
 DRM_MAJOR = 226
 DEV_DRI = "/dev/dri"
-_CARD = re.compile(r"^card(\d+)$")
-_RENDER = re.compile(r"^renderD(\d+)$")
+_CARD = re.compile(r"^card(\d+)\Z", re.ASCII)
+_RENDER = re.compile(r"^renderD(\d+)\Z", re.ASCII)
 # Kernel uevent PCI_CLASS is hex without leading zeros: display controllers are 3xxxx,
 # processing accelerators (data-centre GPUs of recent generations) 12xxxx.
-_GPU_CLASS_PROP = re.compile(r"^(3[0-9A-Fa-f]{4}|12[0-9A-Fa-f]{4})$")
+_GPU_CLASS_PROP = re.compile(r"^(3[0-9A-Fa-f]{4}|12[0-9A-Fa-f]{4})\Z")
 
 
 class DiscoveryError(RuntimeError):
@@ -282,7 +282,7 @@ class DrmEvent:
         return address if parent and _PCI_ADDRESS.match(address) else None
 
 
-_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4,}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]\Z")
 
 
 def _relevant(device: pyudev.Device) -> bool:

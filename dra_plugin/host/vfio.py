@@ -28,8 +28,8 @@ from dra_plugin.host.udev import PciGpu
 DEV = "/dev"
 VFIO_CONTAINER = "/dev/vfio/vfio"
 IOMMUFD = "/dev/iommu"
-_GROUP = re.compile(r"^[0-9]{1,10}$")
-_CDEV = re.compile(r"^vfio[0-9]{1,10}$")
+_GROUP = re.compile(r"^[0-9]{1,10}\Z")
+_CDEV = re.compile(r"^vfio[0-9]{1,10}\Z")
 
 
 class VfioError(ValueError):

@@ -1,4 +1,4 @@
-"""daemon.watch_monitors: a monitor thread that ends on its own is noticed. The core's own
+"""monitors.watch: a monitor thread that ends on its own is noticed. The core's own
 udev listener is started again; a vendor's monitor is a fault of its vendor."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 import threading
 from typing import Any
 
-from dra_plugin import daemon
+from dra_plugin import monitors
 from dra_plugin.devices import Health
 
 
@@ -54,7 +54,7 @@ class FakeNode:
 
 
 class FakeDriver:
-    name = "gpu.acme.example"
+    driver_name = "gpu.acme.example"
 
     class vendor:
         name = "acme"
@@ -72,7 +72,7 @@ def test_the_core_listener_is_started_again_after_its_thread_dies() -> None:
     _quiet_thread_errors()
 
     async def scenario() -> None:
-        watch = asyncio.create_task(daemon.watch_monitors([(None, core)], node, interval=0.01))
+        watch = asyncio.create_task(monitors.watch([(None, core)], node, interval=0.01))
         await asyncio.sleep(0)  # the watch takes the running monitors first
         core.crash.set()
         for _ in range(500):
@@ -103,7 +103,7 @@ def test_a_vendor_monitor_that_dies_reports_its_devices_unknown(caplog: Any) -> 
 
     async def scenario() -> None:
         watch = asyncio.create_task(
-            daemon.watch_monitors([(owner, mon), (owner, idle)], node, interval=0.01)
+            monitors.watch([(owner, mon), (owner, idle)], node, interval=0.01)
         )
         await asyncio.sleep(0)
         mon.crash.set()

@@ -50,8 +50,8 @@ KERNEL_DRIVER = "amdgpu"
 PASSTHROUGH_DRIVERS = ("vfio-pci",)
 KFD_SUBSYSTEM = "kfd"  # the ROCm compute node /dev/kfd, one per host
 PLATFORM_DEVICES = ("amdgpu_xcp",)  # platform devices amdgpu creates for partitions 1..n-1
-_RAS_COUNT = re.compile(r"^(\w+)_err_count$")
-_UE = re.compile(r"^ue:\s*(\d+)", re.MULTILINE)
+_RAS_COUNT = re.compile(r"^(\w+)_err_count\Z", re.ASCII)
+_UE = re.compile(r"^ue:\s*(\d+)", re.MULTILINE | re.ASCII)
 _told_whole: set[str] = set()  # GPUs whose "no partition support" was logged already
 
 

@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 PCI_DEVICES = "/sys/bus/pci/devices"
 
 
-_UE = re.compile(r"^ue:\s*\d+", re.MULTILINE)
+_UE = re.compile(r"^ue:\s*\d+", re.MULTILINE | re.ASCII)
 
 
 def snapshot(pci_addresses: Iterable[str], pci_root: str = PCI_DEVICES) -> dict[str, str]:

@@ -24,7 +24,7 @@ from dra_plugin.vendors.intel.ids import INTEL
 
 KERNEL_DRIVERS = ("i915", "xe")
 PASSTHROUGH_DRIVERS = ("vfio-pci", "xe-vfio-pci")
-_TILE = re.compile(r"^tile\d+$")
+_TILE = re.compile(r"^tile\d+\Z", re.ASCII)
 MiB = 1 << 20
 MILLICORES = 1000  # Intel's fixed per-GPU compute capacity
 

@@ -72,8 +72,8 @@ def check_intel(ctx: DoctorContext, vendor_id: str) -> list[Finding]:
 #   like "Reason: ...", "Snapshot time: <s>.<ns>", "Process: ...".
 NO_ERROR_STATE = "No error state collected"
 _HEAD = 4096  # the facts sit in the first lines; dumps run to megabytes
-_I915_TIME = re.compile(r"^Time: (\d+) s", re.M)
-_DUMP_TIME = re.compile(r"^Snapshot time: (\d+)\.", re.M)
+_I915_TIME = re.compile(r"^Time: (\d+) s", re.M | re.ASCII)
+_DUMP_TIME = re.compile(r"^Snapshot time: (\d+)\.", re.M | re.ASCII)
 _DUMP_FIELD = re.compile(r"^(Reason|Process): *(.+)$", re.M)
 _PLAUSIBLE_EPOCH = 1_000_000_000  # earlier "times" are boot-relative, not wall clock
 

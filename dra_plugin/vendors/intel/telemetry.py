@@ -35,8 +35,8 @@ __all__ = ["DeviceGone", "IntelSysfsReader"]
 ResetCounts = Callable[[], Mapping[tuple[str, str], int]]
 
 _MHZ = 1e6
-_GT_DIR = re.compile(r"^gt(\d+)$")
-_TILE_DIR = re.compile(r"^tile\d+$")
+_GT_DIR = re.compile(r"^gt(\d+)\Z", re.ASCII)
+_TILE_DIR = re.compile(r"^tile\d+\Z", re.ASCII)
 
 
 def _gt_readings(gt: str, act: int | None, req: int | None, rc6: int | None) -> list[t.Reading]:
