@@ -21,7 +21,7 @@ from typing import Any
 
 from dra_plugin.cdi.rules import EARLIEST_VERSION, required_version, validate_spec, version_key
 from dra_plugin.devices import Device, DeviceNode, is_dns_label
-from dra_plugin.host.files import atomic_write, sync_dir
+from dra_plugin.host.files import atomic_write, read_regular, remove_unexpected, sync_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,32 @@ def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
         nodes={d.name: d.nodes for d in devices},
         shared_nodes=tuple(n for _, n in sorted(shared.items())),
     )
+
+
+# The claim's record in its spec (checkpoint/specnote.py): annotations are CDI
+# 0.6.0; below that (a configured maximum for an old runtime) specs go without it.
+NOTE_ANNOTATION = "dra-plugin.github.io/claim"
+NOTE_VERSION = "0.6.0"
+
+
+def note_of(spec: Mapping[str, Any]) -> str | None:
+    notes = spec.get("annotations")
+    note = notes.get(NOTE_ANNOTATION) if isinstance(notes, Mapping) else None
+    return note if isinstance(note, str) else None
+
+
+def claimed_devices(
+    spec: Mapping[str, Any], driver: str, claim_uid: str
+) -> dict[str, tuple[str, ...]]:
+    """device -> its CDI id, for every device the claim's spec injects (`<uid>-<device>`)."""
+    out: dict[str, tuple[str, ...]] = {}
+    devices = spec.get("devices")
+    for dev in devices if isinstance(devices, list) else []:
+        name = dev.get("name") if isinstance(dev, Mapping) else None
+        if isinstance(name, str) and name.startswith(claim_uid + "-"):
+            device = name[len(claim_uid) + 1 :]
+            out[device] = (qualified_id(driver, claim_uid, device),)
+    return out
 
 
 # --- naming --------------------------------------------------------------------------
@@ -113,8 +139,10 @@ def render_claim_spec(
     *,
     max_version: str,
     edits: ClaimEdits | None = None,
+    note: str | None = None,
 ) -> RenderedSpec:
-    """The claim's spec and CDI ids (`edits` default: the devices' own nodes). Raises
+    """The claim's spec and CDI ids (`edits` default: the devices' own nodes); `note`, the
+    claim's record, rides in an annotation when the CDI version allows (0.6.0). Raises
     CdiError naming the device or version problem."""
     edits = edits if edits is not None else device_node_edits(devices)
     file_name = spec_file_name(driver, claim_uid)
@@ -142,6 +170,8 @@ def render_claim_spec(
     }
     if spec_edits:
         spec["containerEdits"] = spec_edits
+    if note is not None and version_key(max_version) >= version_key(NOTE_VERSION):
+        spec["annotations"] = {NOTE_ANNOTATION: note}
     needed, why = required_version(spec)
     if version_key(needed) > version_key(max_version):
         raise CdiError(
@@ -190,17 +220,19 @@ def remove_spec(cdi_dir: Path, file_name: str) -> bool:
     """Remove a spec file; a missing file is fine. Returns whether one was removed."""
     path = _path(cdi_dir, file_name)
     try:
-        path.unlink()
+        path.unlink()  # a link named like our file: the link goes, never its target
     except FileNotFoundError:
         return False
+    except IsADirectoryError:
+        remove_unexpected(path, "directory", "CDI spec file")
     sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
 
 def read_spec(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_regular(path))  # never through a link planted in our dir
+    except (OSError, ValueError, RecursionError) as exc:
         log.warning("unreadable CDI spec path=%s error=%s", path, exc)
         return None
     return data if isinstance(data, dict) else None
@@ -238,3 +270,30 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
         (cdi_dir / name).unlink(missing_ok=True)
         removed.append(cdi_dir / name)
     return removed
+
+
+def spec_problem(
+    cdi_dir: Path, file_name: str, claim_uid: str, devices: set[str], note: str
+) -> str:
+    """'' when a claim's spec file is the one we wrote for it: a regular file (never read
+    through a link), JSON, injecting exactly `devices` and carrying `note` (when the CDI
+    version allowed one); else what is wrong. One small read."""
+    try:
+        spec = json.loads(read_regular(_path(cdi_dir, file_name)))
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as exc:
+        return f"cannot be read ({exc})"
+    except (ValueError, RecursionError):
+        return "is not JSON (torn or damaged)"
+    if not isinstance(spec, dict):
+        return "is not a CDI spec"
+    driver = file_name.removeprefix("k8s.").split(f"-{CLAIM_CLASS}_", 1)[0]
+    if spec.get("kind") != kind(driver):
+        return "is not this driver's claim spec"
+    if set(claimed_devices(spec, driver, claim_uid)) != devices:
+        return "injects other devices than the claim holds"
+    carried = note_of(spec)
+    if carried is not None and carried != note:
+        return "carries another record than the checkpoint's"
+    return ""

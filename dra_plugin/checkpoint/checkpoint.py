@@ -24,14 +24,24 @@ from dra_plugin.checkpoint.snapshot import (
     ClaimRecord,
     State,
     _claim_json,
-    apply_entries,
+    _decode_claim,
     decode_snapshot,
     encode,
     read_boot_id,
 )
-from dra_plugin.host.files import FileLock, atomic_write, sync_dir
+from dra_plugin.host.files import NOT_A_FILE, FileLock, atomic_write, read_regular, sync_dir
+from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
+
+
+class Damaged(CheckpointError):
+    """A file of the record is not what it must be; `file` and `reason` say which/how."""
+
+    def __init__(self, file: str, reason: str, what: str) -> None:
+        super().__init__(f"{file} {what}")
+        self.file, self.reason = file, reason
+
 
 COMPACT_BYTES = 256 * 1024
 _STALE = (-1, -1, -1)  # a snapshot identity no file has
@@ -71,42 +81,67 @@ class Checkpoint:
         self._snap: tuple[int, int, int] | None = None  # identity of the cached snapshot
         self._base = NO_SNAPSHOT  # checksum of the cached snapshot: the journal's base
         self._journal = journal.JournalFile(self.journal_path, driver)
+        self.damage: str | None = None  # what damage this object found (the record rebuilt)
 
     # --- reading -----------------------------------------------------------------------
     @staticmethod
     def _stat(path: Path) -> tuple[int, int, int] | None:
         try:
-            st = path.stat()
+            st = os.lstat(path)  # a link in its place is another file: damage, not followed
         except FileNotFoundError:
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _refresh(self) -> State | None:
-        """The cache brought up to date with the files (None: neither file exists)."""
+        """The cache brought up to date with the files (None: neither file exists).
+
+        Raises Damaged when the files are not what this object last saw: the snapshot gone,
+        or the journal it applied gone, replaced or shorter (two stats, no reading)."""
         snap, jst = self._stat(self.path), self._stat(self.journal_path)
         try:
-            if (
-                self._state is not None
-                and snap == self._snap
-                and self._journal.unchanged_or_grown(jst)
-            ):
-                if jst is not None and jst[2] > self._journal.end:  # another instance's
-                    apply_entries(self._state, self._journal.read(self._base))
-                return self._state
+            if self._state is not None:
+                if snap == self._snap and self._journal.unchanged_or_grown(jst):
+                    if jst is not None and jst[2] > self._journal.end:  # another instance's
+                        apply_entries(self._state, self._journal.read(self._base))
+                    return self._state
+                self._check_same_files(snap, jst)
             self._state = None
             self._journal.reset()
             state, base = State(""), NO_SNAPSHOT
             if snap is not None:
-                state, base = decode_snapshot(self.path.read_bytes(), self.driver)
+                state, base = decode_snapshot(read_regular(self.path), self.driver)
             self._snap, self._base = snap, base
+            bound = state.previous is not None
+            if bound and jst is None:
+                raise Damaged(JOURNAL_NAME, "missing", "missing, while checkpoint.json expects it")
             if jst is not None:
-                apply_entries(state, self._journal.read(base))
+                apply_entries(state, self._journal.read(base, previous=state.previous, bound=bound))
         except journal.JournalError as exc:
-            raise CheckpointError(f"{self.journal_path.name}: {exc}") from None
+            raise Damaged(JOURNAL_NAME, "corrupt", str(exc)) from None
+        except OSError as exc:
+            if exc.errno not in NOT_A_FILE:
+                raise  # a passing failure (EIO, EMFILE): not a reason to move the record
+            raise Damaged("checkpoint", "replaced", f"not a regular file: {exc}") from None
         if snap is None and self._journal.ino is None:
             return None
         self._state = state
         return state
+
+    def _check_same_files(
+        self, snap: tuple[int, int, int] | None, jst: tuple[int, int, int] | None
+    ) -> None:
+        """Damaged unless a change of the files is another instance's legitimate write."""
+        if snap is None and self._snap not in (None, _STALE):
+            raise Damaged(FILE_NAME, "missing", "deleted while the plugin runs")
+        if snap != self._snap or self._journal.ino is None:
+            return  # a new snapshot (another instance compacted), or no journal applied
+        if jst is None:
+            raise Damaged(JOURNAL_NAME, "missing", f"deleted (it had {self._journal.end} bytes)")
+        if jst[0] != self._journal.ino:
+            raise Damaged(JOURNAL_NAME, "replaced", "replaced by another file")
+        raise Damaged(
+            JOURNAL_NAME, "shorter", f"{jst[2]} bytes, {self._journal.end} were written to it"
+        )
 
     def read(self) -> State | None:
         """A copy of the stored state (None when there is none); no lock needed.
@@ -123,32 +158,71 @@ class Checkpoint:
         return self._state
 
     def load(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
-        """The live state (change it only through put/drop); a corrupt or foreign record is
-        moved aside and rebuilt, not fatal."""
+        """The live state (change it only through put/drop). Damage (a file missing,
+        shorter, replaced, corrupt or foreign) is never a crash loop and never a silently
+        shorter record: see _recover."""
         try:
             state = self._refresh()
         except CheckpointError as exc:
-            aside = self.move_aside()
-            claims = rebuild()
-            log.error(
-                "checkpoint unusable path=%s error=%s; moved to %s and rebuilt %d claim(s) "
-                "from the CDI spec files",
-                self.path,
-                exc,
-                aside,
-                len(claims),
-            )
-            self.save(State(self.boot_id, claims))
-            assert self._state is not None
-            return Loaded(self._state, moved_aside=aside)
+            return self._recover(exc, rebuild)
         if state is None:
             return self._rebuild_missing(rebuild)
+        if state.previous is None and self._snap is not None:
+            self.save(state)  # an older plugin's snapshot: bind it to its journal from now on
         return Loaded(state, rebooted=state.boot_id != self.boot_id)
 
+    def _recover(
+        self, exc: CheckpointError, rebuild: Callable[[], dict[str, ClaimRecord]]
+    ) -> Loaded:
+        """Rebuild from everything still intact: what this process knew (its cache is
+        complete up to the damage), what the files still say, and the CDI spec files (each
+        carries its claim's record). The damaged files are kept aside as evidence."""
+        known = dict(self._state.claims) if self._state is not None else {}
+        on_disk = self._salvage()
+        aside = self.move_aside()
+        from_specs = rebuild()
+        claims = {**from_specs, **on_disk, **known}
+        file, reason = (
+            (exc.file, exc.reason) if isinstance(exc, Damaged) else (FILE_NAME, "corrupt")
+        )
+        log.error(
+            "checkpoint unusable path=%s error=%s; moved to %s and rebuilt %d claim(s) (%d "
+            "known to this process, %d from the files still readable, %d from the CDI spec "
+            "files)",
+            self.path.parent / file if file != "checkpoint" else self.path.parent,
+            exc,
+            aside,
+            len(claims),
+            len(known),
+            len(on_disk),
+            len(from_specs),
+        )
+        metrics.checkpoint_damage(self.driver, file, reason)
+        self.damage = f"{file}: {exc}"
+        self.save(State(self.boot_id, claims))
+        assert self._state is not None
+        return Loaded(self._state, moved_aside=aside)
+
+    def _salvage(self) -> dict[str, ClaimRecord]:
+        """The claims the files on disk still hold, whatever their binding: the snapshot if
+        it decodes, plus its journal's entries if that continues it and parses."""
+        try:
+            state, base = decode_snapshot(read_regular(self.path), self.driver)
+        except (CheckpointError, OSError):
+            return {}
+        try:
+            data = read_regular(self.journal_path)
+            entries = journal.parse(data).entries
+            if entries and journal.check_header(entries[0], self.driver) == base:
+                apply_entries(state, entries[1:])
+        except (journal.JournalError, CheckpointError, OSError):
+            pass  # the snapshot alone
+        return dict(state.claims)
+
     def _rebuild_missing(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
-        """No snapshot: a fresh node, or a deleted file. Our spec files say what was
-        prepared (a journal left without its snapshot adds what it knows, namespace and
-        name included); without any, the record starts empty."""
+        """No snapshot: a fresh node, or a deleted record. Our spec files say what was
+        prepared, exactly where they carry their record (a journal left without its
+        snapshot adds what it knows); without any, the record starts empty."""
         state = State(self.boot_id, rebuild())
         if not state.claims:
             self._state = state
@@ -168,6 +242,8 @@ class Checkpoint:
             len(state.claims),
             replayed,
         )
+        metrics.checkpoint_damage(self.driver, FILE_NAME, "missing")
+        self.damage = f"{FILE_NAME}: missing"
         self.save(state)
         return Loaded(state)
 
@@ -234,16 +310,18 @@ class Checkpoint:
                 log.warning("checkpoint compaction failed path=%s error=%s", self.path, exc)
 
     def save(self, state: State, *, durable: bool = True) -> None:
-        """Write the whole state as a new snapshot; the journal starts over."""
+        """Write the whole state as a new snapshot, then its (empty) journal: the snapshot
+        names the one it replaces, so the old journal left by a crash between the two
+        renames is told from damage."""
+        state.previous = self._base if self._snap is not None else NO_SNAPSHOT
         data = encode(state, self.driver)
         atomic_write(self.path, data, durable=durable)
         if durable:
             sync_dir(self.path.parent)
-        # The old journal continues the old snapshot: ignored from now on, then replaced.
         self._state = state  # stays the live state: a compaction happens mid-pass
         self._snap, self._base = self._stat(self.path), decode_snapshot(data, self.driver)[1]
         self._journal.reset()
-        self.bytes_written += len(data)
+        self.bytes_written += len(data) + self._journal.start(self._base)
 
     # --- housekeeping --------------------------------------------------------------------
     def move_aside(self) -> Path:
@@ -268,3 +346,18 @@ class Checkpoint:
         for p in self._files():
             for leftover in p.parent.glob(f".{p.name}.tmp-*"):
                 leftover.unlink(missing_ok=True)
+
+
+def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
+    for e in entries:
+        if "put" in e:
+            raw = e["put"]
+            uid = raw.get("uid") if isinstance(raw, dict) else None
+            if not isinstance(uid, str):
+                raise CheckpointError("journal entry without a claim uid")
+            state.claims[uid] = _decode_claim(uid, raw)
+        elif "drop" in e:
+            state.claims.pop(str(e["drop"]), None)
+        elif "bootId" in e:
+            state.boot_id = str(e["bootId"])
+        # Anything else was written by a newer plugin for itself.

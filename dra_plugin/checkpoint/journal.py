@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.host.files import atomic_write
+from dra_plugin.host.files import atomic_write, read_regular
 
 JOURNAL_KIND = "dra-plugin/prepared-claims-journal"
 JOURNAL_VERSION = 2
@@ -88,7 +88,7 @@ def read_orphan(path: Path, driver: str) -> list[dict[str, Any]]:
     """The entries of a journal whose snapshot is gone (whatever its base): [] without
     one; JournalError when it is damaged or not ours."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         return []
     entries = parse(data).entries
@@ -115,7 +115,7 @@ class JournalFile:
     def sync(self) -> None:
         """fdatasync what was appended without it."""
         if self.ino is not None and self.unsynced:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
                 os.fdatasync(fd)
             finally:
@@ -128,12 +128,29 @@ class JournalFile:
             return self.ino is None
         return st[0] == self.ino and st[2] >= self.end
 
-    def read(self, base: str) -> list[dict[str, Any]]:
+    def start(self, base: str) -> int:
+        """A new journal for snapshot `base`, its header alone, written atomically: from
+        now on the snapshot's journal always exists. Returns the bytes written."""
+        data = header(self.driver, base)
+        atomic_write(self.path, data)
+        self.ino, self.end = os.lstat(self.path).st_ino, len(data)
+        self.torn = self.unsynced = False
+        return len(data)
+
+    def read(
+        self, base: str, *, previous: str | None = None, bound: bool = False
+    ) -> list[dict[str, Any]]:
         """New entries: all of a journal continuing `base` (after its header), or the lines
-        appended since the last read. JournalError for damage."""
+        appended since the last read. JournalError for damage.
+
+        `bound`: the snapshot promises its journal (it names the snapshot it replaced,
+        `previous`), so a journal without a whole header, or one continuing any other
+        snapshot than `base` is damage; one continuing `previous` is what a crash between
+        the snapshot's rename and the new journal's leaves, and holds nothing new."""
         start = self.end if self.ino is not None else 0
         try:
-            with open(self.path, "rb") as f:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            with open(fd, "rb") as f:
                 ino = os.fstat(f.fileno()).st_ino
                 f.seek(start)
                 data = f.read()
@@ -142,8 +159,15 @@ class JournalFile:
         parsed = parse(data)
         entries = parsed.entries
         if start == 0:
-            if not entries or check_header(entries[0], self.driver) != base:
-                return []  # no whole header, or from before the snapshot (which holds it)
+            if not entries:
+                if bound:
+                    raise JournalError("no whole header: emptied or truncated")
+                return []
+            continues = check_header(entries[0], self.driver)
+            if continues != base:
+                if bound and continues != previous:
+                    raise JournalError("it continues another snapshot than checkpoint.json")
+                return []  # from before the snapshot (which holds it)
             entries = entries[1:]
         self.ino, self.end, self.torn = ino, start + parsed.end, parsed.torn
         return entries
@@ -155,9 +179,9 @@ class JournalFile:
             # Always durable: later fdatasync'd appends rely on the file's name.
             data = header(self.driver, base) + first + data
             atomic_write(self.path, data)
-            self.ino, self.end, self.unsynced = os.stat(self.path).st_ino, 0, False
+            self.ino, self.end, self.unsynced = os.lstat(self.path).st_ino, 0, False
         else:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
             try:
                 if self.torn:
                     os.ftruncate(fd, self.end)

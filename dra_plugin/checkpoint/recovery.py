@@ -1,9 +1,10 @@
 """Crash and reboot recovery of prepared claims: settle half-done work, rebuild, GC.
 
 Whoever holds the checkpoint lock next finishes what a dead process left: a `started`
-prepare is undone (its spec file removed), an `unpreparing` one is finished. A checkpoint
-that had to be moved aside is rebuilt from our CDI spec files. At start-up, spec files no
-record owns are removed.
+prepare is undone (its spec file removed), an `unpreparing` one is finished. A record that
+was lost or damaged is rebuilt from our CDI spec files, exactly: each carries its claim's
+record. At start-up, a spec file the record lacks is adopted when it carries its record;
+one that cannot be adopted is removed only when the record is intact.
 
 Reboot policy: claims prepared before a reboot are KEPT. The kubelet's own checkpoint
 (/var/lib/kubelet, persistent) still lists them, and it restores them as "not prepared",
@@ -27,11 +28,14 @@ from dra_plugin.checkpoint import diskerrors
 from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
+    CheckpointError,
     ClaimRecord,
     DeviceRecord,
     State,
     holder,
 )
+from dra_plugin.checkpoint.specnote import from_note
+from dra_plugin.host import files
 
 log = logging.getLogger(__name__)
 
@@ -67,28 +71,76 @@ def settle(
     return dropped
 
 
-def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
-    """Records from our spec files, for a checkpoint that had to be moved aside.
+def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord | None:
+    """The record a spec file of ours holds: exact from the record it carries; without one
+    (an older version's spec, or a damaged note) `recovered`, its use unknown (no share
+    count is ever guessed). None when the file is not a spec at all."""
+    spec = cdi.read_spec(path)
+    if spec is None:
+        return None
+    ids = cdi.claimed_devices(spec, driver, uid)
+    note = cdi.note_of(spec)
+    if note is not None:
+        try:
+            return from_note(note, uid, path.name, ids)
+        except CheckpointError as exc:
+            log.error("CDI spec %s: the claim record it carries is unusable: %s", path, exc)
+    devices = tuple(DeviceRecord((), node_name, d, i) for d, i in sorted(ids.items()))
+    return ClaimRecord(uid, "", "", COMPLETED, path.name, devices, recovered=True)
 
-    Request names and share IDs are not in the spec files: the records are marked
-    `recovered`, so the kubelet's next prepare re-reads the claim and completes them.
-    """
+
+def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
+    """Records from our spec files, for a record that was lost or damaged (from_spec).
+
+    An entry with our spec's name that is not a regular file (a link, a directory) cannot
+    be a prepared claim's spec: it is removed, not followed. A file that does not parse is
+    left in place (an ERROR says so): nothing certain about it."""
     out: dict[str, ClaimRecord] = {}
     for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
-        spec = cdi.read_spec(path) or {}
-        devices = []
-        for dev in spec.get("devices", []):
-            name = dev.get("name", "") if isinstance(dev, dict) else ""
-            if isinstance(name, str) and name.startswith(uid + "-"):
-                device = name[len(uid) + 1 :]
-                devices.append(
-                    DeviceRecord((), node_name, device, (cdi.qualified_id(driver, uid, device),))
-                )
-        out[uid] = ClaimRecord(uid, "", "", COMPLETED, path.name, tuple(devices), recovered=True)
+        what = files.kind(path)
+        if what != "file":
+            if what is not None:
+                files.remove_unexpected(path, what, "CDI spec file")
+            continue
+        rec = from_spec(path, driver, uid, node_name)
+        if rec is None:
+            log.error("CDI spec %s cannot be read: left in place, its claim unknown", path)
+            continue
+        out[uid] = rec
     return out
 
 
-def collect_orphans(state: State, cdi_root: Path, driver: str) -> None:
+def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> list[ClaimRecord]:
+    """Start-up: the spec files of ours that the record lacks, as records to add.
+
+    By the two-phase protocol (the intent is recorded before a spec is written, the spec
+    removed before the claim is dropped) a spec without its record means the record lost
+    lines: such a spec is adopted when it carries its record, and left for the kubelet's
+    unprepare. Returns the adopted records; collect_orphans then removes only what cannot
+    be adopted, and only from an intact record."""
+    adopted = []
+    for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
+        if uid in state.claims or files.kind(path) != "file":
+            continue
+        spec = cdi.read_spec(path)
+        if spec is None or cdi.note_of(spec) is None:
+            continue
+        rec = from_spec(path, driver, uid, node_name)
+        if rec is not None and not rec.recovered:
+            log.error(
+                "%s: its CDI spec %s exists but the checkpoint lacks it (lost journal lines?); "
+                "adopted from the record the spec carries",
+                who(rec),
+                path.name,
+            )
+            adopted.append(rec)
+    return adopted
+
+
+def collect_orphans(state: State, cdi_root: Path, driver: str, *, intact: bool = True) -> None:
+    if not intact:  # after damage nothing is certain enough to delete
+        log.info("claims loaded driver=%s prepared=%d orphans_removed=0", driver, len(state.claims))
+        return
     try:
         removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
     except OSError as exc:  # a read-only CDI dir must not stop the daemon: prepares say why

@@ -226,16 +226,21 @@ class State:
     boot_id: str
     claims: ClaimMap
     extra: dict[str, Any]
+    # The checksum of the snapshot this one replaced, written by plugins that bind the
+    # journal to its snapshot (the journal then always exists); None: an older snapshot.
+    previous: str | None
 
     def __init__(
         self,
         boot_id: str,
         claims: Mapping[str, ClaimRecord] | None = None,
         extra: dict[str, Any] | None = None,
+        previous: str | None = None,
     ) -> None:
         self.boot_id = boot_id
         self.claims = claims if isinstance(claims, ClaimMap) else ClaimMap(claims)
         self.extra = {} if extra is None else extra
+        self.previous = previous
 
 
 def _device_json(d: DeviceRecord) -> dict[str, Any]:
@@ -277,6 +282,8 @@ def encode(state: State, driver: str) -> bytes:
         "bootId": state.boot_id,
         "claims": {uid: _claim_json(c) for uid, c in sorted(state.claims.items())},
     }
+    if state.previous is not None:
+        payload["previous"] = state.previous
     canonical = _canonical(payload)
     checksum = "sha256:" + hashlib.sha256(canonical).hexdigest()
     # Compact: the C encoder, and the canonical payload bytes reused as they are.
@@ -374,24 +381,14 @@ def decode_snapshot(raw: bytes, driver: str) -> tuple[State, str]:
     claims = payload.get("claims", {})
     if not isinstance(claims, dict):
         raise CheckpointError("claims is not an object")
+    previous = payload.get("previous")
     state = State(
         boot_id=_str(payload, "bootId", ""),
         claims={uid: _decode_claim(uid, c) for uid, c in claims.items()},
-        extra={k: v for k, v in payload.items() if k not in ("driver", "bootId", "claims")},
+        extra={k: v for k, v in payload.items() if k not in _PAYLOAD_KEYS},
+        previous=previous if isinstance(previous, str) else None,
     )
     return state, want
 
 
-def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
-    for e in entries:
-        if "put" in e:
-            raw = e["put"]
-            uid = raw.get("uid") if isinstance(raw, dict) else None
-            if not isinstance(uid, str):
-                raise CheckpointError("journal entry without a claim uid")
-            state.claims[uid] = _decode_claim(uid, raw)
-        elif "drop" in e:
-            state.claims.pop(str(e["drop"]), None)
-        elif "bootId" in e:
-            state.boot_id = str(e["bootId"])
-        # Anything else was written by a newer plugin for itself.
+_PAYLOAD_KEYS = ("driver", "bootId", "claims", "previous")

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import diskerrors, recovery
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.recovery import who as _who
 from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
@@ -27,6 +26,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
     read_boot_id,
 )
+from dra_plugin.checkpoint.specnote import spec_note
 from dra_plugin.claims import devicemetadata
 from dra_plugin.claims.allocation import ClaimError, Holdings, select
 from dra_plugin.claims.contract import (
@@ -43,6 +43,7 @@ from dra_plugin.claims.prepwrite import SpecWriter
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
+from dra_plugin.telemetry import metrics
 
 __all__ = [
     "ClaimError",
@@ -248,7 +249,12 @@ class ClaimPreparer:
 
     def _startup(self, state: State) -> None:
         self._checkpoint.remove_temp_files()
-        recovery.collect_orphans(state, self.cdi_root, self.driver)
+        adopted = recovery.adopt_orphans(state, self.cdi_root, self.driver, self.node_name)
+        if adopted:
+            self._checkpoint.put(adopted)
+            metrics.checkpoint_damage(self.driver, "cdi", "claims missing")
+        intact = self._checkpoint.damage is None and not adopted
+        recovery.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
         self._metadata.collect_orphans(state.claims.values())
 
     def _rebuild(self) -> dict[str, ClaimRecord]:
@@ -259,15 +265,22 @@ class ClaimPreparer:
             self._on_step(name)
 
     # --- prepare ---------------------------------------------------------------------
-    def _render(self, uid: str, devices: Sequence[Device]) -> cdi.RenderedSpec:
+    def _render(
+        self, rec: ClaimRecord, devices: Sequence[Device]
+    ) -> tuple[ClaimRecord, cdi.RenderedSpec]:
+        """The claim's spec (carrying its record) and the record with its file and ids."""
         unique = list({d.name: d for d in devices}.values())
-        return cdi.render_claim_spec(
+        rendered = cdi.render_claim_spec(
             self.driver,
-            uid,
+            rec.uid,
             unique,
             edits=self._claim_edits(unique),
             max_version=self.options.max_version,
+            note=spec_note(rec),
         )
+        ids = rendered.cdi_ids
+        devs = tuple(replace(d, cdi_ids=ids[d.device]) for d in rec.devices)
+        return replace(rec, spec_file=rendered.file_name, devices=devs), rendered
 
     def _prepare(
         self,
@@ -283,7 +296,7 @@ class ClaimPreparer:
             rec = state.claims.get(ref.uid)
             if rec is not None and rec.state == COMPLETED and not rec.recovered:
                 try:
-                    out[ref.uid] = prepared_result(self._ensure_spec(state, rec, devices))
+                    out[ref.uid] = prepared_result(self._writer.ensure(rec, devices, self._render))
                 except OSError as exc:
                     why = diskerrors.cdi_dir(self.cdi_root, exc, "cannot re-create its CDI spec")
                     out[ref.uid] = PrepareResult(error=f"{ref}: {why}")
@@ -308,42 +321,39 @@ class ClaimPreparer:
                     devices=devices,
                     holdings=holdings,
                 )
-                rendered = self._render(ref.uid, [c.device for c in chosen]) if chosen else None
+                if not chosen:  # nothing of ours in this claim: nothing to inject or record
+                    out[ref.uid] = PrepareResult()
+                    continue
                 meta = self._metadata.plan(ref.uid, got, chosen) if self.device_metadata else None
-            except Exception as exc:  # noqa: BLE001 - one claim's failure is its own
-                holdings.rollback(mark)  # a refused claim blocks none after it in this call
-                out[ref.uid] = PrepareResult(error=self._claim_error(ref, exc))
-                continue
-            if rendered is None:  # nothing of ours in this claim: nothing to inject or record
-                out[ref.uid] = PrepareResult()
-                continue
-            records = tuple(
-                DeviceRecord(
-                    request_names=(c.request,),
-                    pool=self.node_name,
-                    device=c.device.name,
-                    cdi_ids=rendered.cdi_ids[c.device.name],
-                    share_id=c.share_id,
-                    admin_access=c.admin,
-                    shares=c.shares,
+                records = tuple(
+                    DeviceRecord(
+                        request_names=(c.request,),
+                        pool=self.node_name,
+                        device=c.device.name,
+                        cdi_ids=(),  # the rendered spec's
+                        share_id=c.share_id,
+                        admin_access=c.admin,
+                        shares=c.shares,
+                    )
+                    for c in chosen
                 )
-                for c in chosen
-            )
-            pending[ref.uid] = (
-                ClaimRecord(
+                draft = ClaimRecord(
                     ref.uid,
                     ref.namespace,
                     ref.name,
                     STARTED,
-                    rendered.file_name,
+                    "",
                     records,
                     boot_id=self._checkpoint.boot_id,
                     device_metadata=meta,
-                ),
-                rendered,
-            )
+                )
+                pending[ref.uid] = self._render(draft, [c.device for c in chosen])
+            except Exception as exc:  # noqa: BLE001 - one claim's failure is its own
+                holdings.rollback(mark)  # a refused claim blocks none after it in this call
+                out[ref.uid] = PrepareResult(error=self._claim_error(ref, exc))
+                continue
         if not pending:
-            self._checkpoint.flush()  # re-rendered specs (_ensure_spec) become durable
+            self._checkpoint.flush()  # re-rendered specs (SpecWriter.ensure) become durable
             return out
         self._writer.commit(state, pending, out, devices)
         return out
@@ -355,35 +365,6 @@ class ClaimPreparer:
             return f"{ref}: {exc}"
         log.exception("%s: unexpected error while preparing", ref)
         return f"{ref}: internal error: {type(exc).__name__}: {exc}"
-
-    def _ensure_spec(
-        self, state: State, rec: ClaimRecord, devices: Mapping[str, Device]
-    ) -> ClaimRecord:
-        """Idempotent re-prepare: re-create the spec if it vanished or predates this boot."""
-        fresh = rec.boot_id == self._checkpoint.boot_id and self._metadata.present(rec)
-        if not rec.spec_file or (fresh and (self.cdi_root / rec.spec_file).exists()):
-            return rec
-        chosen = []
-        for d in rec.devices:
-            dev = devices.get(d.device)
-            if dev is None:
-                raise cdi.CdiError(
-                    f"device {d.device} is not published by {self.driver} on node {self.node_name}"
-                )
-            chosen.append(dev)
-        rendered = self._render(rec.uid, chosen)
-        cdi.write_rendered(self.cdi_root, rendered, durable=False)  # as in _prepare
-        if rec.device_metadata is not None:
-            self._metadata.write(rec, devices)  # raises: this claim's error, retried next time
-        rec = replace(
-            rec,
-            boot_id=self._checkpoint.boot_id,
-            devices=tuple(replace(d, cdi_ids=rendered.cdi_ids[d.device]) for d in rec.devices),
-        )
-        self._checkpoint.put([rec], durable=False)  # made durable at the end of the pass
-        log.info("re-rendered CDI spec %s file=%s", _who(rec), rec.spec_file)
-        self._step("spec-rerendered")
-        return rec
 
     # --- unprepare -------------------------------------------------------------------
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +33,16 @@ from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.claims.allocation import Chosen
 from dra_plugin.devices import Device, is_dns_label
-from dra_plugin.host.files import SHARED_DIR_MODE, atomic_write, make_dir
+from dra_plugin.host.files import (
+    SHARED_DIR_MODE,
+    atomic_write,
+    is_regular,
+    kind,
+    make_dir,
+    own_dir,
+    remove_any,
+    remove_unexpected,
+)
 from dra_plugin.slices.build import published_attributes
 
 log = logging.getLogger(__name__)
@@ -240,7 +248,9 @@ class MetadataFiles:
                 )
             host = self.host_file(rec.namespace, rec.name, req.name)
             try:
-                make_dir(host.parent, DIR_MODE)
+                # Each level made or checked without following a link left in its place.
+                for d in (self.base, host.parent.parent, host.parent):
+                    own_dir(d, DIR_MODE)
                 atomic_write(host, self.document(rec, meta, req, devices), FILE_MODE)
                 make_dir(self.cdi_root, SHARED_DIR_MODE)
                 atomic_write(self.spec_file(rec.uid, req.name), go_json(spec), FILE_MODE)
@@ -265,10 +275,16 @@ class MetadataFiles:
     def present(self, rec: ClaimRecord) -> bool:
         meta = recorded(rec)
         return all(
-            self.spec_file(rec.uid, r.name).is_file()
-            and self.host_file(rec.namespace, rec.name, r.name).is_file()
+            is_regular(self.spec_file(rec.uid, r.name))
+            and self._real_dirs(rec.namespace, rec.name)
+            and is_regular(self.host_file(rec.namespace, rec.name, r.name))
             for r in (meta.requests if meta else ())
         )
+
+    def _real_dirs(self, namespace: str, name: str) -> bool:
+        """Whether the metadata dir and the claim's dir are directories, not links: only
+        then is a path below them ours."""
+        return kind(self.base) == "dir" and kind(self.claim_dir(namespace, name)) == "dir"
 
     def remove(self, namespace: str, name: str, claim_uid: str, rec: ClaimRecord | None) -> bool:
         """Remove a claim's files; True if any was there. Raises MetadataError.
@@ -288,15 +304,21 @@ class MetadataFiles:
             else:
                 specs = [self.spec_file(claim_uid, r.name) for r in meta.requests]
             for path in specs:
-                if self._spec.match(path.name) and path.exists():
-                    path.unlink()
+                if self._spec.match(path.name) and remove_any(path):
                     removed = True
             claim_dir = self.claim_dir(namespace, name)
+            if meta is not None and not self._real_dirs(namespace, name):
+                # A link (or file) where our directory belongs: it goes, its target stays.
+                for path, expected in ((self.base, "directory"), (claim_dir, "directory")):
+                    what = kind(path)
+                    if what not in (None, "dir"):
+                        remove_unexpected(path, what, expected)
+                        return True
+                return removed
             for req in meta.requests if meta else ():
-                if (claim_dir / req.name).exists():
-                    shutil.rmtree(claim_dir / req.name)
+                if remove_any(claim_dir / req.name):
                     removed = True
-            if meta is not None and claim_dir.is_dir() and not any(claim_dir.iterdir()):
+            if meta is not None and not any(os.scandir(claim_dir)):
                 claim_dir.rmdir()
         except OSError as exc:
             raise MetadataError(f"cannot remove device metadata: {exc}") from exc
@@ -320,19 +342,45 @@ class MetadataFiles:
             m = self._spec.match(n)
             stray_tmp = n.startswith(f".{self.driver}_metadata_") and ".tmp" in n
             if (m and (m["uid"], m["req"]) not in keep_specs) or stray_tmp:
-                (self.cdi_root / n).unlink(missing_ok=True)
+                remove_any(self.cdi_root / n)  # whatever it is, never followed
                 removed.append(self.cdi_root / n)
-        for claim_dir in sorted(self.base.iterdir()) if self.base.is_dir() else []:
+        for claim_dir in self._own_dirs(self.base):
             keep = keep_dirs.get(claim_dir.name, set())
-            for sub in sorted(claim_dir.iterdir()) if claim_dir.is_dir() else [claim_dir]:
+            for sub in self._own_dirs(claim_dir):
                 if sub.name not in keep:
-                    shutil.rmtree(sub) if sub.is_dir() else sub.unlink(missing_ok=True)
+                    remove_any(sub)
                     removed.append(sub)
-                else:
-                    for tmp in sub.glob(f".{FILE_NAME}.tmp-*"):
-                        tmp.unlink(missing_ok=True)
-            if claim_dir.is_dir() and not any(claim_dir.iterdir()):
+                    continue
+                for entry in os.scandir(sub):
+                    if entry.name.startswith(f".{FILE_NAME}.tmp-"):
+                        os.unlink(entry.path)  # an interrupted write's
+                    elif entry.name != FILE_NAME or entry.is_symlink() or not entry.is_file():
+                        remove_unexpected(Path(entry.path), _kind(entry), "metadata file")
+            if not any(os.scandir(claim_dir)):
                 claim_dir.rmdir()
         for path in removed:
             log.warning("removed orphan device metadata path=%s", path)
         return removed
+
+    @staticmethod
+    def _own_dirs(parent: Path) -> list[Path]:
+        """The directories in one of ours (sorted); anything else there is removed without
+        being followed, and a link or file in the place of `parent` itself goes too."""
+        what = kind(parent)
+        if what != "dir":
+            if what is not None:
+                remove_unexpected(parent, what, "directory")
+            return []
+        out = []
+        for entry in sorted(os.scandir(parent), key=lambda e: e.name):
+            if entry.is_dir(follow_symlinks=False):
+                out.append(Path(entry.path))
+            else:
+                remove_unexpected(Path(entry.path), _kind(entry), "directory")
+        return out
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return "link"
+    return "dir" if entry.is_dir(follow_symlinks=False) else "file"

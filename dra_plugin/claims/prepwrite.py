@@ -14,7 +14,7 @@ undoes the pass's claims as a crash would be undone (recovery.settle).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from dra_plugin.checkpoint import diskerrors
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
+from dra_plugin.checkpoint.specnote import spec_note
 from dra_plugin.claims.contract import PrepareResult, prepared_result
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
@@ -137,3 +138,39 @@ class SpecWriter:
             except OSError:
                 return False
             return False
+
+    def ensure(
+        self,
+        rec: ClaimRecord,
+        devices: Mapping[str, Device],
+        render: Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]],
+    ) -> ClaimRecord:
+        """Idempotent re-prepare: the spec is rendered again when it predates this boot or
+        is not what we wrote (gone, torn, not a file, other devices): the spec file is not
+        fsync'd (only the journal line is), so this is where a lost or damaged one heals."""
+        if not rec.spec_file:
+            return rec
+        wrong = "rendered in an earlier boot"
+        if rec.boot_id == self.checkpoint.boot_id:
+            note = spec_note(rec)
+            held = {d.device for d in rec.devices}
+            wrong = cdi.spec_problem(self.cdi_root, rec.spec_file, rec.uid, held, note) or (
+                "" if self.metadata.present(rec) else "device metadata files missing"
+            )
+            if not wrong:
+                return rec
+            log.warning("%s: CDI spec %s %s; writing it again", who(rec), rec.spec_file, wrong)
+        chosen = []
+        for d in rec.devices:
+            dev = devices.get(d.device)
+            if dev is None:
+                raise cdi.CdiError(f"device {d.device} is not published on this node any more")
+            chosen.append(dev)
+        rec, rendered = render(replace(rec, boot_id=self.checkpoint.boot_id), chosen)
+        cdi.write_rendered(self.cdi_root, rendered, durable=False)  # as in commit()
+        if rec.device_metadata is not None:
+            self.metadata.write(rec, devices)  # raises: this claim's error, retried next time
+        self.checkpoint.put([rec], durable=False)  # made durable at the end of the pass
+        log.info("re-rendered CDI spec %s file=%s", who(rec), rec.spec_file)
+        self.step("spec-rerendered")
+        return rec

@@ -1,4 +1,5 @@
-"""Durable file primitives: atomic writes, directory fsyncs (batched), the flock, dirs.
+"""Durable file primitives: atomic writes, directory fsyncs (batched), the flock, dirs,
+and the no-follow rules for what lies inside our own directories.
 
 `batched_dir_syncs()` is the group-commit half that lives below the checkpoint: inside it,
 `atomic_write` and `sync_dir` still fsync every file but fsync each directory only once,
@@ -8,15 +9,20 @@ when the block ends (64 spec files prepared in one pass: 64 file fsyncs, 1 dir f
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 import secrets
+import shutil
+import stat
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
 _deferred = threading.local()
+log = logging.getLogger(__name__)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -70,7 +76,11 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)  # over a link: the link is replaced, never its target
+        except IsADirectoryError:  # a directory where our file belongs
+            remove_unexpected(path, "directory", "file")
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -103,6 +113,93 @@ def make_dir(path: Path, mode: int) -> None:
         os.chmod(d, mode)  # mkdir applies the umask
 
 
+# --- inside our directories, nothing is followed ------------------------------------------
+# The configured roots (CDI dir, plugin dir) may be reached through links an operator made;
+# every entry INSIDE them is ours, so a symlink there is never followed: it was planted
+# or left by damage, and following it would read, write or delete somewhere else.
+
+
+def kind(path: Path) -> str | None:
+    """What `path` itself is, without following it: file, dir, link, other; None: absent."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "link"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "file" if stat.S_ISREG(mode) else "other"
+
+
+# What opening one of our files answers when something else is in its place.
+NOT_A_FILE = (errno.ELOOP, errno.EISDIR, errno.EINVAL, errno.ENXIO)
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of a regular file, never through a symlink: OSError (ELOOP) for a link,
+    (EISDIR/EINVAL) for anything that is not a regular file."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
+            raise OSError(code, f"{path} is not a regular file")
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size, 65536)):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def is_regular(path: Path) -> bool:
+    return kind(path) == "file"
+
+
+def remove_any(path: Path) -> bool:
+    """Remove `path` whatever it is, without following it (a link goes, not its target; a
+    directory goes with its contents, links inside included, never their targets).
+    Returns whether something was there."""
+    what = kind(path)
+    if what is None:
+        return False
+    if what == "dir":
+        shutil.rmtree(path)  # fd-based on Linux: shutil.rmtree.avoids_symlink_attacks
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return True
+
+
+def remove_unexpected(path: Path, what: str, expected: str) -> None:
+    """Remove an entry of ours that is not what we put there, saying so once."""
+    log.error(
+        "unexpected %s at %s where a %s of ours belongs; removed without following it",
+        what,
+        path,
+        expected,
+    )
+    remove_any(path)
+
+
+def own_dir(path: Path, mode: int) -> None:
+    """A directory of ours inside our roots: a link, file or other entry in its place is
+    removed (never followed) and the directory made with `mode`."""
+    what = kind(path)
+    if what == "dir":
+        return
+    if what is not None:
+        remove_unexpected(path, what, "directory")
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:  # made meanwhile by another instance: as long as it is a dir
+        if kind(path) != "dir":
+            raise
+        return
+    os.chmod(path, mode)
+
+
 class FileLock:
     """An exclusive flock on a lock file, shared by overlapping plugin instances."""
 
@@ -111,7 +208,15 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self, blocking: bool = True) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(self.path, flags, 0o600)
+        except OSError as exc:  # a link or a directory where the lock file belongs
+            what = kind(self.path)
+            if exc.errno not in (errno.ELOOP, errno.EISDIR) or what in (None, "file"):
+                raise
+            remove_unexpected(self.path, what, "lock file")
+            fd = os.open(self.path, flags, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:

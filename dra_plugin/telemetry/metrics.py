@@ -69,6 +69,14 @@ _CDI_ROOT_LISTED = Gauge(
     ["cdi_root"],
     registry=REGISTRY,
 )
+_CHECKPOINT_DAMAGE = Counter(
+    "dra_plugin_checkpoint_damage_total",
+    "damage found in the prepared-claims record (a file missing, shorter, replaced, "
+    "corrupt or foreign, or claims it lacks): each time, the record was rebuilt from what "
+    "was intact and the CDI spec files",
+    ["driver", "file", "reason"],
+    registry=REGISTRY,
+)
 _VENDOR_FAULTS = Counter(
     "dra_plugin_vendor_faults_total",
     "unexpected exceptions in a vendor's code, contained to its driver, by stage: "
@@ -112,6 +120,10 @@ def slice_write(driver: str, verb: str) -> None:
 
 def api_retry(reason: str) -> None:
     _API_RETRIES.labels(reason).inc()
+
+
+def checkpoint_damage(driver: str, file: str, reason: str) -> None:
+    _CHECKPOINT_DAMAGE.labels(driver, file, reason).inc()
 
 
 def vendor_fault(

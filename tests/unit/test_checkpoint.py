@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from dra_plugin.checkpoint import checkpoint as checkpoint_module
 from dra_plugin.checkpoint import checkpoint as store
 from dra_plugin.checkpoint import journal
 from dra_plugin.checkpoint import snapshot as ck
@@ -101,14 +102,14 @@ def test_a_passing_read_error_is_not_a_corrupt_checkpoint(
     c = cp(tmp_path)
     c.save(ck.State("b1", {"u1": record("u1")}))
     good = c.path.read_bytes()
-    real = Path.read_bytes
+    real = checkpoint_module.read_regular
 
-    def eio(self: Path) -> bytes:
-        if self == c.path:
+    def eio(path: Path) -> bytes:
+        if path == c.path:
             raise OSError(5, "Input/output error")
-        return real(self)
+        return real(path)
 
-    monkeypatch.setattr(Path, "read_bytes", eio)
+    monkeypatch.setattr(checkpoint_module, "read_regular", eio)
     rebuilt: list[int] = []
     with pytest.raises(OSError, match="Input/output"):
         cp(tmp_path).load(lambda: rebuilt.append(1) or {})
@@ -137,6 +138,8 @@ def test_unknown_fields_from_a_newer_version_are_kept(tmp_path: Path) -> None:
     payload["claims"]["u1"]["devices"][0]["health"] = "ok"
     doc["checksum"] = "sha256:" + hashlib.sha256(ck._canonical(payload)).hexdigest()
     c.path.write_text(json.dumps(doc))
+    # ... and the empty journal bound to it, as that version writes with its snapshot.
+    c.journal_path.write_bytes(journal.header(c.driver, doc["checksum"]))
     state = cp(tmp_path).load(no_rebuild).state
     assert state.claims["u1"].uid == "u1"
     cp(tmp_path).save(state)
@@ -334,7 +337,7 @@ def test_another_instances_appends_are_read_incrementally(tmp_path: Path) -> Non
     assert a.cached() is not None and set(a.cached().claims) == {"u2"}  # type: ignore[union-attr]
 
 
-def test_a_version_1_file_is_read_and_migrated_by_the_first_append(tmp_path: Path) -> None:
+def test_a_version_1_file_is_read_and_migrated_at_the_first_load(tmp_path: Path) -> None:
     state = ck.State("b1", {"u1": record("u1")})
     payload = {
         "driver": DRIVER,
@@ -347,10 +350,12 @@ def test_a_version_1_file_is_read_and_migrated_by_the_first_append(tmp_path: Pat
     c = cp(tmp_path)
     c.path.write_bytes(v1)
     assert c.load(no_rebuild).state.claims == state.claims
+    # Rewritten once, as a snapshot bound to its journal (it names the file it replaced).
+    doc2 = json.loads(c.path.read_bytes())
+    assert doc2["kind"] == ck.SNAPSHOT_KIND and doc2["payload"]["previous"] == checksum
     c.put([record("u2")])
-    assert c.path.read_bytes() == v1  # not rewritten: the journal continues it
     head = journal.parse(c.journal_path.read_bytes()).entries[0]
-    assert journal.check_header(head, DRIVER) == checksum
+    assert journal.check_header(head, DRIVER) == doc2["checksum"]
     assert set(cp(tmp_path).load(no_rebuild).state.claims) == {"u1", "u2"}
 
 

@@ -221,12 +221,8 @@ def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(tmp_path: Path, los
     assert set(check_consistent(tmp_path)) == {uid(1)}
     assert (tmp_path / "state" / FILE_NAME).exists()
     err = asyncio.run(p.prepare([ref(second)]))[uid(2)].error
-    holder = (
-        f"claim default/claim-1 (uid {uid(1)})"  # the journal still knew it
-        if lost == "snapshot"
-        else f"claim uid {uid(1)} (recovered from its CDI spec; name unknown), whose use "
-        "is unknown until the kubelet prepares it again"
-    )
+    # Exact either way: the journal still knew it, or its spec file carries its record.
+    holder = f"claim default/claim-1 (uid {uid(1)})"
     assert (
         err == f"claim default/second (uid {uid(2)}): device {D0} is already prepared for {holder}"
     )

@@ -218,12 +218,30 @@ def test_unprepare_removes_everything(tmp_path: Path) -> None:
     assert not stray.exists()
 
 
-def test_write_failure_prepares_without_metadata(tmp_path: Path) -> None:
-    """As the library: metadata that cannot be written is logged, the claim still works."""
+def test_a_file_where_the_metadata_dir_belongs_is_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     c = claim(1, [result(D0)])
     p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
     meta_dir(tmp_path).parent.mkdir(parents=True, exist_ok=True)
     meta_dir(tmp_path).write_text("not a directory")
+    got = run(p.prepare([ref(c)]))[U]
+    assert got.error == "" and len(got.devices[0].cdi_device_ids) == 2
+    assert host_file(tmp_path, "default", "claim-1", "gpu").is_file()
+    assert "unexpected file at " in caplog.text and "removed without following it" in caplog.text
+
+
+def test_write_failure_prepares_without_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the library: metadata that cannot be written is logged, the claim still works."""
+    c = claim(1, [result(D0)])
+    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+
+    def disk_full(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dm, "atomic_write", disk_full)
     got = run(p.prepare([ref(c)]))[U]
     assert got.error == "" and got.devices[0].cdi_device_ids == (claim_id(D0),)
     assert not spec_file(tmp_path, "gpu").exists()
