@@ -21,7 +21,13 @@ from typing import Any
 
 from dra_plugin.cdi.rules import EARLIEST_VERSION, required_version, validate_spec, version_key
 from dra_plugin.devices import Device, DeviceNode, is_dns_label
-from dra_plugin.host.files import atomic_write, read_regular, remove_unexpected, sync_dir
+from dra_plugin.host.files import (
+    atomic_write,
+    read_regular,
+    remove_any,
+    remove_unexpected,
+    sync_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +63,24 @@ def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
     )
 
 
-# The claim's record in its spec (checkpoint/specnote.py): annotations are CDI
-# 0.6.0; below that (a configured maximum for an old runtime) specs go without it.
-NOTE_ANNOTATION = "dra-plugin.github.io/claim"
-NOTE_VERSION = "0.6.0"
+# The claim's record beside its spec (checkpoint/specnote.py): `<spec name>.record`. Not
+# inside the spec: CDI has a place for it only from 0.6.0 (annotations), which runtimes
+# still in use (podman 4, containerd 1.7.0) refuse. The CDI library reads only *.json and
+# *.yaml in its directories, so the record file is invisible to the runtime.
+NOTE_SUFFIX = ".record"
 
 
-def note_of(spec: Mapping[str, Any]) -> str | None:
-    notes = spec.get("annotations")
-    note = notes.get(NOTE_ANNOTATION) if isinstance(notes, Mapping) else None
-    return note if isinstance(note, str) else None
+def note_file_name(spec_file: str) -> str:
+    return spec_file.removesuffix(".json") + NOTE_SUFFIX
+
+
+def read_note(cdi_dir: Path, spec_file: str) -> str | None:
+    """The record written beside a spec (never read through a link); None if absent or
+    unreadable."""
+    try:
+        return read_regular(_path(cdi_dir, note_file_name(spec_file))).decode()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def claimed_devices(
@@ -107,10 +121,10 @@ def spec_file_name(driver: str, claim_uid: str) -> str:
     return f"k8s.{driver}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def _file_pattern(driver: str) -> re.Pattern[str]:
+def _file_pattern(driver: str, suffix: str = ".json") -> re.Pattern[str]:
     return re.compile(
         rf"^k8s\.{re.escape(driver)}-{CLAIM_CLASS}_(?P<uid>[a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?)"
-        r"\.json\Z"
+        rf"{re.escape(suffix)}\Z"
     )
 
 
@@ -120,6 +134,7 @@ class RenderedSpec:
     file_name: str
     spec: dict[str, Any]
     cdi_ids: dict[str, tuple[str, ...]]  # device name -> ids for the kubelet
+    note: str | None = None  # the claim's record, written beside the spec
 
 
 def _node(n: DeviceNode) -> dict[str, Any]:
@@ -142,8 +157,8 @@ def render_claim_spec(
     note: str | None = None,
 ) -> RenderedSpec:
     """The claim's spec and CDI ids (`edits` default: the devices' own nodes); `note`, the
-    claim's record, rides in an annotation when the CDI version allows (0.6.0). Raises
-    CdiError naming the device or version problem."""
+    claim's record, is written beside it. Raises CdiError naming the device or version
+    problem."""
     edits = edits if edits is not None else device_node_edits(devices)
     file_name = spec_file_name(driver, claim_uid)
     cdi_devices: list[dict[str, Any]] = []
@@ -170,8 +185,6 @@ def render_claim_spec(
     }
     if spec_edits:
         spec["containerEdits"] = spec_edits
-    if note is not None and version_key(max_version) >= version_key(NOTE_VERSION):
-        spec["annotations"] = {NOTE_ANNOTATION: note}
     needed, why = required_version(spec)
     if version_key(needed) > version_key(max_version):
         raise CdiError(
@@ -182,7 +195,7 @@ def render_claim_spec(
     errors = validate_spec(spec)
     if errors:
         raise CdiError(f"rendered CDI spec is invalid: {'; '.join(errors)}")
-    return RenderedSpec(file_name, spec, ids)
+    return RenderedSpec(file_name, spec, ids, note)
 
 
 # --- files ---------------------------------------------------------------------------
@@ -202,8 +215,12 @@ def write_spec(cdi_dir: Path, file_name: str, spec: Mapping[str, Any]) -> Path:
 
 
 def write_rendered(cdi_dir: Path, rendered: RenderedSpec, *, durable: bool = True) -> Path:
-    """Write a spec `render_claim_spec` made (and validated) atomically; `durable=False`
-    skips the file and directory fsyncs (atomic_write: a power loss may lose the file)."""
+    """Write a spec `render_claim_spec` made (and validated) atomically, its record first
+    (so no spec of ours is without it); `durable=False` skips the file and directory
+    fsyncs (atomic_write: a power loss may lose the files)."""
+    if rendered.note is not None:
+        note = _path(cdi_dir, note_file_name(rendered.file_name))
+        atomic_write(note, rendered.note.encode(), SPEC_MODE, durable=durable)
     return _write(cdi_dir, rendered.file_name, rendered.spec, durable=durable)
 
 
@@ -222,9 +239,11 @@ def remove_spec(cdi_dir: Path, file_name: str) -> bool:
     try:
         path.unlink()  # a link named like our file: the link goes, never its target
     except FileNotFoundError:
+        remove_any(_path(cdi_dir, note_file_name(file_name)))
         return False
     except IsADirectoryError:
         remove_unexpected(path, "directory", "CDI spec file")
+    remove_any(_path(cdi_dir, note_file_name(file_name)))  # after the spec: never alone
     sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
@@ -261,6 +280,15 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
     for uid, path in list_spec_files(cdi_dir, [driver])[driver].items():
         if uid not in keep and remove_spec(cdi_dir, path.name):
             removed.append(path)
+    notes = _file_pattern(driver, NOTE_SUFFIX)
+    try:
+        names = os.listdir(cdi_dir)
+    except FileNotFoundError:
+        names = []
+    for name in names:  # a record written just before a crash, without its spec
+        m = notes.match(name)
+        if m and m["uid"] not in keep and remove_any(cdi_dir / name):
+            removed.append(cdi_dir / name)
     prefix = f".k8s.{driver}-{CLAIM_CLASS}_"
     try:
         leftovers = [n for n in os.listdir(cdi_dir) if n.startswith(prefix) and ".tmp" in n]
@@ -276,8 +304,8 @@ def spec_problem(
     cdi_dir: Path, file_name: str, claim_uid: str, devices: set[str], note: str
 ) -> str:
     """'' when a claim's spec file is the one we wrote for it: a regular file (never read
-    through a link), JSON, injecting exactly `devices` and carrying `note` (when the CDI
-    version allowed one); else what is wrong. One small read."""
+    through a link), JSON, injecting exactly `devices`, with `note` beside it; else what
+    is wrong. Two small reads."""
     try:
         spec = json.loads(read_regular(_path(cdi_dir, file_name)))
     except FileNotFoundError:
@@ -293,7 +321,6 @@ def spec_problem(
         return "is not this driver's claim spec"
     if set(claimed_devices(spec, driver, claim_uid)) != devices:
         return "injects other devices than the claim holds"
-    carried = note_of(spec)
-    if carried is not None and carried != note:
-        return "carries another record than the checkpoint's"
+    if read_note(cdi_dir, file_name) != note:
+        return "has no record beside it, or another than the checkpoint's"
     return ""

@@ -176,7 +176,7 @@ class Checkpoint:
     ) -> Loaded:
         """Rebuild from everything still intact: what this process knew (its cache is
         complete up to the damage), what the files still say, and the CDI spec files (each
-        carries its claim's record). The damaged files are kept aside as evidence."""
+        has its claim's record beside it). The damaged files are kept aside as evidence."""
         known = dict(self._state.claims) if self._state is not None else {}
         on_disk = self._salvage()
         aside = self.move_aside()

@@ -2,8 +2,8 @@
 
 Whoever holds the checkpoint lock next finishes what a dead process left: a `started`
 prepare is undone (its spec file removed), an `unpreparing` one is finished. A record that
-was lost or damaged is rebuilt from our CDI spec files, exactly: each carries its claim's
-record. At start-up, a spec file the record lacks is adopted when it carries its record;
+was lost or damaged is rebuilt from our CDI spec files, exactly: beside each is its claim's
+record. At start-up, a spec file the record lacks is adopted when its record is there;
 one that cannot be adopted is removed only when the record is intact.
 
 Reboot policy: claims prepared before a reboot are KEPT. The kubelet's own checkpoint
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
@@ -34,7 +35,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
     holder,
 )
-from dra_plugin.checkpoint.specnote import from_note
+from dra_plugin.checkpoint.specnote import from_note, spec_note
 from dra_plugin.host import files
 
 log = logging.getLogger(__name__)
@@ -72,21 +73,40 @@ def settle(
 
 
 def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord | None:
-    """The record a spec file of ours holds: exact from the record it carries; without one
-    (an older version's spec, or a damaged note) `recovered`, its use unknown (no share
-    count is ever guessed). None when the file is not a spec at all."""
+    """The record of a spec file of ours: exact from the record written beside it; without
+    one (an older version's spec, or a damaged record) `recovered`, its use unknown (no
+    share count is ever guessed). None when the file is not a spec at all."""
     spec = cdi.read_spec(path)
     if spec is None:
         return None
     ids = cdi.claimed_devices(spec, driver, uid)
-    note = cdi.note_of(spec)
+    note = cdi.read_note(path.parent, path.name)
     if note is not None:
         try:
             return from_note(note, uid, path.name, ids)
         except CheckpointError as exc:
-            log.error("CDI spec %s: the claim record it carries is unusable: %s", path, exc)
+            log.error("CDI spec %s: the claim record beside it is unusable: %s", path, exc)
     devices = tuple(DeviceRecord((), node_name, d, i) for d, i in sorted(ids.items()))
     return ClaimRecord(uid, "", "", COMPLETED, path.name, devices, recovered=True)
+
+
+def written(state: State, cdi_root: Path) -> list[ClaimRecord]:
+    """The `started` claims whose spec file and the record beside it were written whole,
+    as completed records (see ClaimPreparer._drop_settled)."""
+    out = []
+    for uid in list(state.claims.unsettled):
+        rec = state.claims[uid]
+        if rec.state != STARTED or not rec.spec_file:
+            continue
+        held = {d.device for d in rec.devices}
+        if cdi.spec_problem(cdi_root, rec.spec_file, uid, held, spec_note(rec)) == "":
+            log.warning(
+                "%s: its prepare was cut off after its CDI spec was written; kept as prepared "
+                "(the kubelet prepares it again or unprepares it)",
+                who(rec),
+            )
+            out.append(replace(rec, state=COMPLETED))
+    return out
 
 
 def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
@@ -115,21 +135,20 @@ def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> 
 
     By the two-phase protocol (the intent is recorded before a spec is written, the spec
     removed before the claim is dropped) a spec without its record means the record lost
-    lines: such a spec is adopted when it carries its record, and left for the kubelet's
+    lines: such a spec is adopted when its record is beside it, and left for the kubelet's
     unprepare. Returns the adopted records; collect_orphans then removes only what cannot
     be adopted, and only from an intact record."""
     adopted = []
     for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
         if uid in state.claims or files.kind(path) != "file":
             continue
-        spec = cdi.read_spec(path)
-        if spec is None or cdi.note_of(spec) is None:
+        if cdi.read_note(cdi_root, path.name) is None:
             continue
         rec = from_spec(path, driver, uid, node_name)
         if rec is not None and not rec.recovered:
             log.error(
                 "%s: its CDI spec %s exists but the checkpoint lacks it (lost journal lines?); "
-                "adopted from the record the spec carries",
+                "adopted from the record beside the spec",
                 who(rec),
                 path.name,
             )

@@ -1,6 +1,6 @@
-"""The record a claim's CDI spec file carries (a CDI annotation): with it, a record lost or
-damaged is rebuilt exactly, exclusive use staying exclusive and shares keeping their
-counts."""
+"""The record written beside each claim's CDI spec (`<spec>.record`, cdi/claims.py): with
+it, a record lost or damaged is rebuilt exactly, exclusive use staying exclusive and shares
+keeping their counts."""
 
 from __future__ import annotations
 

@@ -122,7 +122,12 @@ class ClaimPreparer:
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         self._writer = SpecWriter(
-            self._checkpoint, cdi_root, state_dir, self._metadata, self._step, self._drop_settled
+            self._checkpoint,
+            cdi_root,
+            state_dir,
+            self._metadata,
+            self._step,
+            lambda state: self._drop_settled(state, after_crash=False),
         )
         self.held: set[str] = set()
 
@@ -237,9 +242,20 @@ class ClaimPreparer:
                 held = None
         return result, held
 
-    def _drop_settled(self, state: State) -> list[str]:
+    def _drop_settled(self, state: State, *, after_crash: bool = True) -> list[str]:
         """Undo/finish half-done entries. When even recording that fails (disk full) they
-        stay as they are, consistent, and the next pass tries again."""
+        stay as they are, consistent, and the next pass tries again.
+
+        After a crash, a `started` prepare whose spec and record file were both written
+        whole is kept as prepared: a journal cut short looks the same, and undoing an
+        acknowledged prepare would hand its device to another claim. The kubelet prepares
+        it again (answered from the record) or unprepares it."""
+        written = recovery.written(state, self.cdi_root) if after_crash else []
+        if written:
+            try:
+                self._checkpoint.put(written)
+            except OSError as exc:  # the next pass tries again; until then they stay held
+                log.error("cannot record kept claims in the checkpoint: %s", exc)
         dropped = recovery.settle(state, self.cdi_root, self._metadata.remove_record)
         try:
             self._checkpoint.drop(dropped)

@@ -51,10 +51,12 @@ def test_old_checkpoint_is_migrated_then_unprepared_cleanly(tmp_path: Path, vend
     meta = recorded[first]
     ref = ClaimRef(meta["namespace"], first, meta["name"])
     assert asyncio.run(p.prepare([ref]))[first].error == ""
-    # Unprepare one: the first change migrates (the journal continues the old file).
+    # The first locked pass migrated it: a snapshot bound to its journal (it names the
+    # old file's checksum as the one it replaced), then an unprepare's lines.
     assert asyncio.run(p.unprepare([ref])) == {first: ""}
     assert (root / "state" / JOURNAL_NAME).exists()
-    assert (root / "state" / "checkpoint.json").read_bytes() == old
+    migrated = json.loads((root / "state" / "checkpoint.json").read_bytes())
+    assert migrated["payload"]["previous"] == json.loads(old)["checksum"]
     state = Checkpoint(root / "state", driver, boot_id=str).read()
     assert state is not None and set(state.claims) == set(recorded) - {first}
     assert all(c.state == COMPLETED for c in state.claims.values())

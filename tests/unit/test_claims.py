@@ -358,5 +358,6 @@ def test_hostile_uid_prepare_writes_only_our_file_names(claim_uid: str) -> None:
             assert written == []
         else:
             assert cdi.valid_claim_uid(claim_uid)
-            assert written == [cdi.spec_file_name(DRIVER, claim_uid)]
+            spec = cdi.spec_file_name(DRIVER, claim_uid)
+            assert sorted(written) == [spec, cdi.note_file_name(spec)]
         assert sorted(os.listdir(root)) == ["cdi", "state"]

@@ -56,7 +56,7 @@ def test_read_only_cdi_dir_fails_each_claim_and_leaves_no_started_entry(tmp_path
     assert got["after_prepare"] == {uid(0): "completed"}
     # Unprepare answers too; the claim's spec is still there, so is its entry.
     assert "read-only" in got["unprepare"][uid(0)]
-    assert got["files"] == [spec0.name, orphan.name]
+    assert got["files"] == sorted([spec0.name, spec0.name.replace(".json", ".record"), orphan.name])
     assert got["after_unprepare"] == {uid(0): "unpreparing"}
     # Writable again: the next pass finishes the unprepare; the claims prepare.
     assert asyncio.run(fsfaults.prepare(tmp_path, range(1, 3))) == {uid(1): "", uid(2): ""}
@@ -75,7 +75,9 @@ def test_full_state_dir_fails_each_claim_and_records_nothing_half(tmp_path: Path
         assert f"claim default/claim-{i} (uid {uid(i)})" in err
         assert f"the file system holding {state} is full" in err and "ENOSPC" in err
     assert got["after_prepare"] == dict.fromkeys(ten, "completed")
-    assert got["files_after_prepare"] == sorted(f"k8s.{DRIVER}-claim_{u}.json" for u in ten)
+    assert got["files_after_prepare"] == sorted(
+        f"k8s.{DRIVER}-claim_{u}.{ext}" for u in ten for ext in ("json", "record")
+    )
     assert set(got["unprepare"]) == ten
     assert all("ENOSPC" in e for e in got["unprepare"].values()), got["unprepare"]
     assert got["after_unprepare"] == dict.fromkeys(ten, "completed")

@@ -197,8 +197,10 @@ def test_off_changes_nothing(tmp_path: Path) -> None:
     )
     assert stripped == off.devices
     assert not meta_dir(tmp_path / "off").exists()
+    spec = cdi.spec_file_name(DRIVER, U)
     assert sorted(p.name for p in (tmp_path / "off" / "cdi").iterdir()) == [
-        cdi.spec_file_name(DRIVER, U)
+        spec,
+        cdi.note_file_name(spec),
     ]
     assert b"deviceMetadata" not in stored_bytes(tmp_path / "off")
 
@@ -283,15 +285,17 @@ def test_crash_and_startup_gc(tmp_path: Path) -> None:
     other = tmp_path / "cdi" / "gpu.nvidia.com_metadata_x_gpu.json"  # not ours
     other.write_text("{}")
     run(preparer(tmp_path, api, DEVICES, device_metadata=True).startup())
-    assert not spec_file(tmp_path, "gpu", uid(2)).exists()
-    assert not (meta_dir(tmp_path) / "default_claim-2").exists()
+    # Its CDI spec and the record beside it were written whole: kept as prepared (a journal
+    # cut short looks the same; the kubelet prepares it again or unprepares it).
+    assert spec_file(tmp_path, "gpu", uid(2)).exists()
+    assert (meta_dir(tmp_path) / "default_claim-2").exists()
     assert not orphan_spec.exists() and not temp.exists()
     assert not (meta_dir(tmp_path) / "default_claim-7").exists()
     assert other.exists()
     other.unlink()
     assert spec_file(tmp_path, "gpu").exists()
     assert host_file(tmp_path, "default", "claim-1", "gpu").exists()
-    assert set(check_consistent(tmp_path)) == {uid(1)}
+    assert set(check_consistent(tmp_path)) == {uid(1), uid(2)}
     # Switched off later: recorded files stay until their claim is unprepared.
     p = preparer(tmp_path, api, DEVICES)
     run(p.startup())

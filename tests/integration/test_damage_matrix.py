@@ -1,0 +1,235 @@
+"""The damage matrix: every file we own x every way it can be damaged x while the plugin
+runs or while it is stopped, for an Intel driver (exclusive use) and NVIDIA in shared
+mode, with exclusive, shared and adminAccess claims, across restarts.
+
+After every step: no exclusive device is prepared for two claims, shares never exceed the
+device's, every prepare the kubelet got an OK for stays prepared or is restored by its
+re-prepare, start-up never fails, and nothing outside our directories is touched.
+In process (ClaimPreparer, the real files under tmp_path): the whole matrix takes seconds.
+docs/architecture.md ("Damage matrix") lists what each case costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME, LOCK_NAME
+from dra_plugin.claims import devicemetadata as dm
+from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.devices import Device
+from dra_plugin.sharing import Sharing
+from tests.fakes.claim_harness import (
+    DRIVER,
+    FakeApi,
+    claim,
+    intel_device,
+    nvidia_device,
+    preparer,
+    ref,
+    result,
+    share_id,
+    uid,
+)
+
+NVIDIA_DRIVER = "gpu.nvidia.com"
+SHARES = 2
+
+
+@dataclass
+class Node:
+    """One driver's world: its devices, the API's claims, what the kubelet holds."""
+
+    root: Path
+    vendor: str
+    victim: Path
+    driver: str = DRIVER
+    devices: list[Device] = field(default_factory=list)
+    api: FakeApi = field(default_factory=FakeApi)
+    acked: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> claim: prepared OK
+    p: ClaimPreparer | None = None
+
+    def __post_init__(self) -> None:
+        if self.vendor == "nvidia":
+            self.driver = NVIDIA_DRIVER
+            self.devices = [nvidia_device(0), nvidia_device(1)]
+        else:
+            self.devices = [intel_device(0), intel_device(1)]
+
+    @property
+    def shared(self) -> bool:
+        return self.vendor == "nvidia"
+
+    def start(self) -> None:
+        sharing = Sharing(SHARES) if self.shared else None
+        self.p = preparer(
+            self.root,
+            self.api,
+            self.devices,
+            driver=self.driver,
+            sharing=sharing,
+            device_metadata=True,
+        )
+        asyncio.run(self.p.startup())  # never fails, whatever it finds
+
+    def claim(self, i: int, device: int, use: str) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if use == "share":
+            extra["shareID"] = share_id(i)
+        elif use == "admin":
+            extra["adminAccess"] = True
+        c = claim(i, [result(self.devices[device].name, driver=self.driver, **extra)])
+        self.api.add(c)
+        return c
+
+    def prepare(self, *claims: dict[str, Any]) -> dict[str, str]:
+        assert self.p is not None
+        got = asyncio.run(self.p.prepare([ref(c) for c in claims]))
+        for c in claims:
+            u = c["metadata"]["uid"]
+            if not got[u].error:
+                self.acked[u] = c
+        self.check()
+        return {u: r.error for u, r in got.items()}
+
+    def unprepare(self, *claims: dict[str, Any]) -> None:
+        assert self.p is not None
+        got = asyncio.run(self.p.unprepare([ref(c) for c in claims]))
+        for c in claims:
+            u = c["metadata"]["uid"]
+            assert got[u] == "", got[u]
+            self.acked.pop(u, None)
+        self.check()
+
+    def reprepare_all(self) -> None:
+        """The kubelet prepares again every claim it holds: each must answer OK."""
+        errors = self.prepare(*self.acked.values())
+        assert not any(errors.values()), errors
+
+    def check(self) -> None:
+        """The invariants, from the kubelet's view: what it was told is prepared."""
+        exclusive: dict[str, str] = {}
+        shares: dict[str, int] = {}
+        for u, c in self.acked.items():
+            for r in c["status"]["allocation"]["devices"]["results"]:
+                if r.get("adminAccess"):
+                    continue
+                if "shareID" in r:
+                    shares[r["device"]] = shares.get(r["device"], 0) + 1
+                else:
+                    assert r["device"] not in exclusive, f"{r['device']} held twice"
+                    exclusive[r["device"]] = u
+        for device, n in shares.items():
+            assert device not in exclusive, f"{device} shared and held exclusively"
+            assert n <= SHARES, f"{device}: {n} shares of {SHARES}"
+
+
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath, name)
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            out[str(p.relative_to(root))] = digest
+    return out
+
+
+def _targets(node: Node, a_uid: str) -> dict[str, Path]:
+    state, cdi_dir = node.root / "state", node.root / "cdi"
+    claim_dir = state / dm.SUBDIR / "default_claim-1"
+    return {
+        "snapshot": state / FILE_NAME,
+        "journal": state / JOURNAL_NAME,
+        "lock": state / LOCK_NAME,
+        "spec": cdi_dir / cdi.spec_file_name(node.driver, a_uid),
+        "record": cdi_dir / cdi.note_file_name(cdi.spec_file_name(node.driver, a_uid)),
+        "metadata-file": claim_dir / "gpu" / dm.FILE_NAME,
+        "metadata-dir": claim_dir,
+        "metadata-spec": cdi_dir / f"{node.driver}_metadata_{a_uid}_gpu.json",
+    }
+
+
+def _damage(path: Path, how: str, victim: Path) -> None:
+    was_dir = path.is_dir() and not path.is_symlink()
+    data = b"" if was_dir else path.read_bytes()
+    if was_dir:
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    if how == "deleted":
+        return
+    if how == "symlink":
+        path.symlink_to(victim / ("dir" if was_dir else "file"), target_is_directory=was_dir)
+        return
+    body = {"empty": b"", "truncated": data[: len(data) // 2], "garbage": b"\x00garbage{"}[how]
+    path.write_bytes(body)  # for a directory: a file where the directory belongs
+
+
+FILES = [
+    "snapshot",
+    "journal",
+    "lock",
+    "spec",
+    "record",
+    "metadata-file",
+    "metadata-dir",
+    "metadata-spec",
+]
+HOW = ["deleted", "empty", "truncated", "garbage", "symlink"]
+WHEN = ["running", "stopped"]
+
+
+@pytest.mark.parametrize("vendor", ["intel", "nvidia"])
+@pytest.mark.parametrize("when", WHEN)
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("target", FILES)
+def test_damage(tmp_path: Path, target: str, how: str, when: str, vendor: str) -> None:
+    victim = tmp_path / "victim"
+    (victim / "dir").mkdir(parents=True)
+    (victim / "file").write_text("not ours\n")
+    (victim / "dir" / "metadata.json").write_text("{}\n")
+    outside = _tree(victim)
+    node = Node(tmp_path / "node", vendor, victim)
+    node.root.mkdir()
+    node.start()
+    use = "share" if node.shared else "exclusive"
+    a, b, c, d = (
+        node.claim(1, 0, "exclusive"),
+        node.claim(2, 1, use),
+        node.claim(3, 1, use),
+        node.claim(4, 0, "admin"),
+    )
+    errors = node.prepare(a, b, d)
+    assert not any(errors.values()), errors
+    if node.shared:
+        assert not any(node.prepare(c).values())
+    _damage(_targets(node, uid(1))[target], how, victim)
+    if when == "stopped":
+        node.start()
+    # Nobody else gets what is held, even before the kubelet prepares its claims again:
+    # a second exclusive claim of gpu0, one more claim of gpu1.
+    e, f = node.claim(5, 0, "exclusive"), node.claim(6, 1, use)
+    got = node.prepare(e, f)
+    assert got[uid(5)] and got[uid(6)], got
+    # The kubelet's re-prepare: everything it holds is (still or again) prepared.
+    node.reprepare_all()
+    # Unprepare frees: then the new claim of gpu0 is prepared.
+    node.unprepare(a, d)
+    assert node.prepare(e)[uid(5)] == ""
+    # Across a restart everything held is still held, and all of it can be let go.
+    node.start()
+    node.reprepare_all()
+    assert node.prepare(f)[uid(6)], "gpu1 is still fully held"
+    node.unprepare(*node.acked.values())
+    node.start()
+    held = [p.name for p in (node.root / "cdi").iterdir() if uid(1)[:8] in p.name]
+    assert held == [], held
+    assert _tree(victim) == outside, "something outside our directories was changed"
