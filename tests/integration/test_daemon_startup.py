@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import Cluster
-from tests.fakes.simnode import unavailable_reason
+from tests.fakes.cluster import INTEL, Cluster
+from tests.fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -100,3 +100,29 @@ def test_no_credentials_names_where_it_looked_and_leaves_nothing(
     assert "KUBECONFIG:" not in line  # not blamed on a setting nobody set
     assert not cluster.plugins.exists(), sorted(cluster.plugins.rglob("*"))
     assert not cluster.registry.exists() and not cluster.cdi.exists()
+
+
+def test_a_link_planted_in_the_plugin_dir_is_removed_not_followed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The field report's crash loop: a symlink as dra-device-metadata/ (metadata off, the
+    default) made start-up empty the link's target, then exit on every start."""
+    victim = tmp_path / "victim"
+    (victim / "default_x" / "gpu").mkdir(parents=True)
+    (victim / "default_x" / "gpu" / "metadata.json").write_text("not ours\n")
+    plugin_dir = cluster.plugins / INTEL
+    plugin_dir.mkdir(parents=True)
+    (plugin_dir / "dra-device-metadata").symlink_to(victim, target_is_directory=True)
+    daemon = cluster.start_daemon(env={"VENDORS": "intel"})
+    daemon.wait_ready([INTEL])
+    assert (victim / "default_x" / "gpu" / "metadata.json").read_text() == "not ours\n"
+    assert not (plugin_dir / "dra-device-metadata").is_symlink()
+    assert "unexpected link at " in daemon.logs()
+    kubelet = cluster.kubelet()
+    try:
+        claim = cluster.add_claim("after-the-link", INTEL, CARDS["igpu"].name)
+        got = kubelet.wait_for(INTEL).prepare([claim]).claims[claim.uid]
+        assert not got.error, got.error
+    finally:
+        kubelet.close()
+    assert daemon.terminate() == 0
