@@ -5,6 +5,7 @@ look-alike (a crash between a snapshot's rename and its journal's) is not damage
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -12,10 +13,20 @@ from pathlib import Path
 
 import pytest
 
+from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import journal, snapshot
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.telemetry import metrics
+from tests.fakes.claim_harness import (
+    FakeApi,
+    claim,
+    intel_device,
+    preparer,
+    ref,
+    result,
+    uid,
+)
 
 DRIVER = "gpu.intel.com"
 
@@ -143,3 +154,32 @@ def test_an_older_snapshot_without_a_journal_is_taken_and_bound(tmp_path: Path) 
     assert "previous" in json.loads((tmp_path / "checkpoint.json").read_bytes())["payload"]
     (tmp_path / "checkpoint.journal").unlink()
     assert cp(tmp_path).load(dict).moved_aside is not None
+
+
+@pytest.mark.parametrize("how", ["emptied", "half", "other devices", "record gone"])
+def test_a_damaged_spec_is_written_again_on_re_prepare(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Same boot, the claim held: the kubelet's re-prepare finds its spec broken (spec files
+    are not fsync'd) and writes it again, saying so, instead of answering OK over it."""
+    devices = [intel_device(0), intel_device(1)]
+    c = claim(1, [result(devices[0].name)])
+    p = preparer(tmp_path, FakeApi([c]), devices)
+    first = asyncio.run(p.prepare([ref(c)]))[uid(1)]
+    assert first.error == ""
+    spec = tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(1))
+    good = spec.read_bytes()
+    if how == "emptied":
+        spec.write_bytes(b"")
+    elif how == "half":
+        spec.write_bytes(good[: len(good) // 2])
+    elif how == "other devices":
+        spec.write_bytes(good.replace(devices[0].name.encode(), devices[1].name.encode()))
+    else:
+        (tmp_path / "cdi" / cdi.note_file_name(spec.name)).unlink()
+    again = asyncio.run(p.prepare([ref(c)]))[uid(1)]
+    assert again == first
+    assert spec.read_bytes() == good
+    assert (tmp_path / "cdi" / cdi.note_file_name(spec.name)).is_file()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("writing it again" in m and uid(1) in m for m in warned), warned
