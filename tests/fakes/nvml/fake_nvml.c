@@ -32,6 +32,7 @@
  *                                      sliceCount, instanceCount, multiprocessorCount,
  *                                      copyEngineCount, decoderCount, encoderCount,
  *                                      jpegCount, ofaCount, memorySizeMB; one line each)
+ *                                      then optionally its name, e.g. 1g.18gb)
  *     gi_placements = 0 0+1 1+1 2+1   (the possible placements of the profile with that
  *                                      index, start+size)
  *     supported_events = 0xb
@@ -67,6 +68,13 @@
  *     recover <gpu index>                  the GPU answers again
  *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
  *
+ * MIG instances can be made and destroyed through the API (nvmlDeviceCreateGpuInstance-
+ * WithPlacement, nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy,
+ * nvmlGpuInstanceDestroy) with the driver's rules; see "MIG instances made and destroyed".
+ * FAKE_NVML_CAPS_ROOT names a fake /proc/driver/nvidia/capabilities: the access files of
+ * the instances made appear and go there. FAKE_NVML_MIG_STATE names a file that keeps the
+ * instances made across processes (real instances outlive the process that made them).
+ *
  * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
  * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled,
  * "utilization-done <gpu index>" when a delayed call returns, and "wait -1" per
@@ -77,7 +85,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -92,6 +102,8 @@ enum {
     NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_IN_USE = 19,
+    NVML_ERROR_INSUFFICIENT_RESOURCES = 23,
     NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -110,6 +122,7 @@ enum {
 
 typedef struct {
     int present;
+    char name[24]; /* e.g. "1g.18gb"; empty: "<slices>g.<GiB, rounded up>gb" */
     unsigned id, slices, instances, sm, ce, dec, enc, jpeg, ofa;
     unsigned long long memory_mib;
     unsigned nplacements;
@@ -132,6 +145,11 @@ typedef struct {
     gi_profile profiles[GI_PROFILE_COUNT];
     unsigned long long supported_events;
     unsigned gi, ci, profile_id, placement_start, placement_size;
+    /* MIG devices made through the API (nvmlDeviceCreateGpuInstanceWithPlacement): the GPU
+     * instance exists from its creation; it is a MIG device only once it has a compute
+     * instance (has_ci). Static [mig] sections have both from the start. */
+    int dynamic, dead, has_ci;
+    unsigned profile_index;
     /* telemetry; has_* 0: not supported */
     int has_util, has_temp, has_power, has_energy, has_clocks, has_ecc, has_throttle;
     unsigned util_gpu, util_mem, temp, power_mw, power_limit_mw, clock_sm, clock_mem;
@@ -199,6 +217,12 @@ static fake_dev g_gpus[MAX_GPUS];
 static int g_ngpus;
 static fake_dev g_migs[MAX_MIGS];
 static int g_nmigs;
+/* Compute instance handles, one per MIG slot (a CI handle is not a device handle). */
+typedef struct {
+    fake_dev *mig;
+} fake_ci;
+static fake_ci g_cis[MAX_MIGS];
+static unsigned g_created; /* GPU instances created so far: new MIG UUIDs each time */
 
 static char *trim(char *s) {
     while (isspace((unsigned char)*s)) s++;
@@ -215,6 +239,7 @@ static unsigned long long number(const char *s) { return strtoull(s, NULL, 0); }
 
 static void new_device(fake_dev *d, int is_mig, int gpu) {
     memset(d, 0, sizeof(*d));
+    d->has_ci = 1;
     d->is_mig = is_mig;
     d->gpu = gpu;
     d->mig_mode = -1;
@@ -227,9 +252,10 @@ static void new_device(fake_dev *d, int is_mig, int gpu) {
 static void set_gi_profile(fake_dev *d, const char *val) {
     unsigned index;
     gi_profile p = {.present = 1};
-    if (sscanf(val, "%u %u %u %u %u %u %u %u %u %u %llu", &index, &p.id, &p.slices,
-               &p.instances, &p.sm, &p.ce, &p.dec, &p.enc, &p.jpeg, &p.ofa,
-               &p.memory_mib) != 11 || index >= GI_PROFILE_COUNT) {
+    int got = sscanf(val, "%u %u %u %u %u %u %u %u %u %u %llu %23s", &index, &p.id, &p.slices,
+                     &p.instances, &p.sm, &p.ce, &p.dec, &p.enc, &p.jpeg, &p.ofa,
+                     &p.memory_mib, p.name);
+    if (got < 11 || index >= GI_PROFILE_COUNT) {
         fprintf(stderr, "fake_nvml: bad gi_profile: %s\n", val);
         return;
     }
@@ -297,10 +323,14 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
     else fprintf(stderr, "fake_nvml: unknown device key %s\n", key);
 }
 
+static gi_profile *profile_by_id(fake_dev *gpu, unsigned id, unsigned *index);
+static void load_state(void);
+
 /* Returns 0, or an NVML error code for nvmlInit. */
 static int load_profile(void) {
     const char *path = getenv("FAKE_NVML_PROFILE");
     g_ngpus = g_nmigs = 0;
+    g_created = 0;
     g_init_error = 0;
     g_cuda_version = 0;
     g_driver_version[0] = '\0';
@@ -343,6 +373,13 @@ static int load_profile(void) {
         else fprintf(stderr, "fake_nvml: unknown key %s\n", key);
     }
     fclose(f);
+    for (int i = 0; i < g_nmigs; i++) { /* a static instance's profile, by its id */
+        g_cis[i].mig = &g_migs[i];
+        unsigned index = 0;
+        if (profile_by_id(&g_gpus[g_migs[i].gpu], g_migs[i].profile_id, &index))
+            g_migs[i].profile_index = index;
+    }
+    load_state();
     return g_init_error;
 }
 
@@ -380,6 +417,8 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
+    case NVML_ERROR_IN_USE: return "In use by another client";
+    case NVML_ERROR_INSUFFICIENT_RESOURCES: return "Insufficient resources";
     case NVML_ERROR_LIB_RM_VERSION_MISMATCH: return "RM has detected an NVML/RM version mismatch.";
     case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
     default: return "Unknown Error";
@@ -391,7 +430,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
 static fake_dev *as_dev(void *h) {
     fake_dev *d = h;
     if (d >= g_gpus && d < g_gpus + g_ngpus) return d;
-    if (d >= g_migs && d < g_migs + g_nmigs) return d;
+    if (d >= g_migs && d < g_migs + g_nmigs && !d->dead) return d;
     return NULL;
 }
 
@@ -638,7 +677,7 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned index, void *
     if (index >= MAX_MIG_PER_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned seen = 0;
     for (int i = 0; i < g_nmigs; i++) {
-        if (g_migs[i].gpu != d->gpu) continue;
+        if (g_migs[i].gpu != d->gpu || g_migs[i].dead || !g_migs[i].has_ci) continue;
         if (seen++ == index) {
             *mig = &g_migs[i];
             return NVML_SUCCESS;
@@ -674,7 +713,7 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceById(void *h, unsigned id, void **gi) {
     CHECK(h, d);
     if (d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < g_nmigs; i++) {
-        if (g_migs[i].gpu == d->gpu && g_migs[i].gi == id) {
+        if (g_migs[i].gpu == d->gpu && g_migs[i].gi == id && !g_migs[i].dead) {
             *gi = &g_migs[i];
             return NVML_SUCCESS;
         }
@@ -689,6 +728,384 @@ nvmlReturn_t nvmlGpuInstanceGetInfo(void *gi, nvmlGpuInstanceInfo_t *info) {
     info->profileId = d->profile_id;
     info->start = d->placement_start;
     info->size = d->placement_size;
+    return NVML_SUCCESS;
+}
+
+/* ---- MIG instances made and destroyed through the API ------------------------------
+ * The real rules: only a listed placement of a listed profile; no overlap with any GPU
+ * instance of the GPU (static ones included) and at most instanceCount of a profile:
+ * NVML_ERROR_INSUFFICIENT_RESOURCES; a GPU instance with a compute instance cannot be
+ * destroyed: NVML_ERROR_IN_USE. One full-size compute instance per GPU instance (all the
+ * plugin makes; smaller ones answer NOT_SUPPORTED here). Capability files appear under
+ * FAKE_NVML_CAPS_ROOT (a fake /proc/driver/nvidia/capabilities) as the driver's do; with
+ * FAKE_NVML_MIG_STATE the instances outlive the process, as real ones do. */
+
+typedef struct {
+    void *device, *gpuInstance;
+    unsigned id, profileId;
+    unsigned start, size;
+} nvmlComputeInstanceInfo_t;
+typedef struct {
+    unsigned version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+static const unsigned CI_SLICES[] = {1, 2, 3, 4, 7, 8, 6}; /* NVML_COMPUTE_INSTANCE_PROFILE_* */
+
+/* /proc/driver/nvidia-caps/mig-minors: gpuG/giI/access is 3 + 135 G + 9 I, its ciC one more
+ * plus C (config 1, monitor 2; 15 GPU instances of 8 compute instances per GPU). */
+static unsigned gi_access_minor(unsigned gpu_minor, unsigned gi) { return 3 + gpu_minor * 135 + gi * 9; }
+
+static void make_dirs(char *path) {
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        mkdir(path, 0755);
+        *p = '/';
+    }
+    mkdir(path, 0755);
+}
+
+static void write_file(const char *path, const char *text) {
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+    rename(tmp, path);
+}
+
+static void gi_dir(const fake_dev *m, char *out, size_t n) {
+    snprintf(out, n, "%s/gpu%u/mig/gi%u", getenv("FAKE_NVML_CAPS_ROOT"),
+             g_gpus[m->gpu].minor, m->gi);
+}
+
+static void caps_write(const fake_dev *m) {
+    const char *root = getenv("FAKE_NVML_CAPS_ROOT");
+    if (!root || !*root) return;
+    char dir[512], path[600], text[80];
+    unsigned minor = gi_access_minor(g_gpus[m->gpu].minor, m->gi);
+    gi_dir(m, dir, sizeof dir);
+    make_dirs(dir);
+    snprintf(path, sizeof path, "%s/access", dir);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor);
+    write_file(path, text);
+    if (!m->has_ci) return;
+    snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/ci%u", m->ci);
+    make_dirs(dir);
+    snprintf(path, sizeof path, "%s/access", dir);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor + 1 + m->ci);
+    write_file(path, text);
+}
+
+static void caps_remove(const fake_dev *m, int whole_gi) {
+    const char *root = getenv("FAKE_NVML_CAPS_ROOT");
+    if (!root || !*root) return;
+    char dir[512], path[600];
+    gi_dir(m, dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/ci%u/access", dir, m->ci);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/ci%u", dir, m->ci);
+    rmdir(path);
+    if (!whole_gi) return;
+    snprintf(path, sizeof path, "%s/access", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void save_state(void) {
+    const char *path = getenv("FAKE_NVML_MIG_STATE");
+    if (!path || !*path) return;
+    char text[8192];
+    size_t used = (size_t)snprintf(text, sizeof text, "created %u\n", g_created);
+    for (int i = 0; i < g_nmigs && used < sizeof text; i++) {
+        fake_dev *m = &g_migs[i];
+        if (!m->dynamic || m->dead) continue;
+        used += (size_t)snprintf(text + used, sizeof text - used, "gi %d %u %u %u %u %d %s\n",
+                                 m->gpu, m->gi, m->profile_index, m->placement_start,
+                                 m->placement_size, m->has_ci, m->uuid);
+    }
+    write_file(path, text);
+}
+
+static gi_profile *profile_by_id(fake_dev *gpu, unsigned id, unsigned *index) {
+    for (unsigned i = 0; i < GI_PROFILE_COUNT; i++) {
+        if (gpu->profiles[i].present && gpu->profiles[i].id == id) {
+            if (index) *index = i;
+            return &gpu->profiles[i];
+        }
+    }
+    return NULL;
+}
+
+static void name_instance(fake_dev *m) {
+    fake_dev *gpu = &g_gpus[m->gpu];
+    gi_profile *p = &gpu->profiles[m->profile_index];
+    int me = m->profile_index == 7 || m->profile_index == 8; /* the *_SLICE_REV1 profiles */
+    if (p->name[0])
+        snprintf(m->name, sizeof m->name, "%s MIG %s", gpu->name, p->name);
+    else
+        snprintf(m->name, sizeof m->name, "%s MIG %ug.%llugb%s", gpu->name, p->slices,
+                 (p->memory_mib + 1023) / 1024, me ? "+me" : "");
+    m->memory = p->memory_mib * 1024ULL * 1024ULL;
+}
+
+static fake_dev *add_instance(int gpu, unsigned id, unsigned index, unsigned start, unsigned size) {
+    int slot = 0; /* a destroyed instance's slot first: the table does not grow without end */
+    while (slot < g_nmigs && !g_migs[slot].dead) slot++;
+    if (slot >= MAX_MIGS) return NULL;
+    if (slot == g_nmigs) g_nmigs++;
+    fake_dev *m = &g_migs[slot];
+    new_device(m, 1, gpu);
+    g_cis[slot].mig = m;
+    m->dynamic = 1;
+    m->has_ci = 0;
+    m->gi = id;
+    m->ci = FULL_INSTANCE;
+    m->profile_index = index;
+    m->profile_id = g_gpus[gpu].profiles[index].id;
+    m->placement_start = start;
+    m->placement_size = size;
+    name_instance(m);
+    return m;
+}
+
+static void load_state(void) {
+    const char *path = getenv("FAKE_NVML_MIG_STATE");
+    FILE *f = path && *path ? fopen(path, "r") : NULL;
+    if (!f) return;
+    char line[256], uuid[TEXT];
+    int gpu, has_ci;
+    unsigned id, index, start, size;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "created %u", &g_created) == 1) continue;
+        if (sscanf(line, "gi %d %u %u %u %u %d %95s", &gpu, &id, &index, &start, &size, &has_ci,
+                   uuid) != 7 || gpu < 0 || gpu >= g_ngpus || index >= GI_PROFILE_COUNT)
+            continue;
+        fake_dev *m = add_instance(gpu, id, index, start, size);
+        if (!m) break;
+        m->has_ci = has_ci;
+        if (has_ci) m->ci = 0;
+        copy_text(m->uuid, sizeof m->uuid, uuid);
+    }
+    fclose(f);
+}
+
+static int in_use_range(int gpu, unsigned start, unsigned size) {
+    for (int i = 0; i < g_nmigs; i++) {
+        fake_dev *m = &g_migs[i];
+        if (m->gpu != gpu || m->dead) continue;
+        if (start < m->placement_start + m->placement_size && m->placement_start < start + size)
+            return 1;
+    }
+    return 0;
+}
+
+static unsigned live_of(int gpu, unsigned profile_id) {
+    unsigned n = 0;
+    for (int i = 0; i < g_nmigs; i++)
+        if (g_migs[i].gpu == gpu && !g_migs[i].dead && g_migs[i].profile_id == profile_id) n++;
+    return n;
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned profile_id,
+                                                      const nvmlGpuInstancePlacement_t *pl,
+                                                      void **out) {
+    CHECK(h, d);
+    if (!pl || !out || d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned index;
+    gi_profile *p = profile_by_id(d, profile_id, &index);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    int listed = 0;
+    for (unsigned k = 0; k < p->nplacements; k++)
+        listed |= p->placements[k][0] == pl->start && p->placements[k][1] == pl->size;
+    if (!listed) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t r = NVML_SUCCESS;
+    if (in_use_range(d->gpu, pl->start, pl->size) || live_of(d->gpu, profile_id) >= p->instances) {
+        r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    } else {
+        unsigned id = 1; /* the lowest GPU instance id free on this GPU */
+        for (int i = 0; i < g_nmigs; i++) {
+            fake_dev *m = &g_migs[i];
+            if (m->gpu == d->gpu && !m->dead && m->gi == id) id++, i = -1;
+        }
+        fake_dev *m = add_instance(d->gpu, id, index, pl->start, pl->size);
+        if (!m) {
+            r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+        } else {
+            g_created++;
+            snprintf(m->uuid, sizeof m->uuid, "MIG-%08x-%04x-5000-8000-%012x", 0xd1000000u + g_created,
+                     (unsigned)d->gpu, m->gi);
+            caps_write(m);
+            save_state();
+            *out = m;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* A GPU instance handle: a live MIG slot (static or made here). */
+static fake_dev *as_gi(void *gi) {
+    fake_dev *m = as_dev(gi);
+    return m && m->is_mig ? m : NULL;
+}
+
+static fake_dev *as_ci(void *ci) {
+    fake_ci *c = ci;
+    if (c < g_cis || c >= g_cis + g_nmigs || !c->mig || c->mig->dead || !c->mig->has_ci)
+        return NULL;
+    return c->mig;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *gi, unsigned profile,
+                                                           unsigned eng,
+                                                           nvmlComputeInstanceProfileInfo_v2_t *info) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !info || eng != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    if (profile >= sizeof CI_SLICES / sizeof CI_SLICES[0] || CI_SLICES[profile] != p->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    unsigned version = info->version;
+    memset(info, 0, sizeof(*info));
+    info->version = version;
+    info->id = profile;
+    info->sliceCount = p->slices;
+    info->instanceCount = 1;
+    info->multiprocessorCount = p->sm;
+    info->sharedCopyEngineCount = p->ce;
+    info->sharedDecoderCount = p->dec;
+    info->sharedEncoderCount = p->enc;
+    info->sharedJpegCount = p->jpeg;
+    info->sharedOfaCount = p->ofa;
+    snprintf(info->name, sizeof info->name, "%uc", p->slices);
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfo(void *gi, unsigned profile, unsigned eng,
+                                                          void *info_v1) {
+    nvmlComputeInstanceProfileInfo_v2_t v2 = {.version = 0x02000088u};
+    nvmlReturn_t r = nvmlGpuInstanceGetComputeInstanceProfileInfoV(gi, profile, eng, &v2);
+    if (r == NVML_SUCCESS) memcpy(info_v1, &v2.id, 9 * sizeof(unsigned));
+    return r;
+}
+
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *gi, unsigned profile_id, void **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    if (profile_id >= sizeof CI_SLICES / sizeof CI_SLICES[0] || CI_SLICES[profile_id] != p->slices)
+        return NVML_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (!m->has_ci) {
+        m->has_ci = 1;
+        m->ci = 0;
+        caps_write(m);
+        save_state();
+        *out = &g_cis[m - g_migs];
+        r = NVML_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(void *ci) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_ci(ci);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&g_lock);
+    caps_remove(m, 0);
+    m->has_ci = 0;
+    m->ci = FULL_INSTANCE;
+    save_state();
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(void *gi) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m) return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->has_ci) return NVML_ERROR_IN_USE;
+    pthread_mutex_lock(&g_lock);
+    caps_remove(m, 1);
+    m->dead = 1;
+    save_state();
+    pthread_mutex_unlock(&g_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstances(void *h, unsigned profile_id, void **gis, unsigned *count) {
+    CHECK(h, d);
+    if (!count || d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (int i = 0; i < g_nmigs; i++) {
+        fake_dev *m = &g_migs[i];
+        if (m->gpu != d->gpu || m->dead || m->profile_id != profile_id) continue;
+        if (gis) gis[n] = m;
+        n++;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstances(void *gi, unsigned profile_id, void **cis,
+                                                unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    int match = m->has_ci && profile_id < sizeof CI_SLICES / sizeof CI_SLICES[0] &&
+                CI_SLICES[profile_id] == p->slices;
+    if (match && cis) cis[0] = &g_cis[m - g_migs];
+    *count = match ? 1 : 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *ci, nvmlComputeInstanceInfo_t *info) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_ci(ci);
+    if (!m || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    info->device = &g_gpus[m->gpu];
+    info->gpuInstance = m;
+    info->id = m->ci;
+    for (unsigned k = 0; k < sizeof CI_SLICES / sizeof CI_SLICES[0]; k++)
+        if (CI_SLICES[k] == p->slices) info->profileId = k;
+    info->start = 0;
+    info->size = p->slices;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(void *h, unsigned profile_id, unsigned *count) {
+    CHECK(h, d);
+    if (!count || d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
+    gi_profile *p = profile_by_id(d, profile_id, NULL);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    /* Greedy over the listed placements, as a count of what could still be made. */
+    unsigned n = 0, left = p->instances - live_of(d->gpu, profile_id);
+    unsigned long long taken = 0;
+    for (int i = 0; i < g_nmigs; i++) {
+        fake_dev *m = &g_migs[i];
+        if (m->gpu != d->gpu || m->dead) continue;
+        for (unsigned s = m->placement_start; s < m->placement_start + m->placement_size; s++)
+            taken |= 1ULL << s;
+    }
+    for (unsigned k = 0; k < p->nplacements && n < left; k++) {
+        unsigned long long want = 0;
+        for (unsigned s = p->placements[k][0]; s < p->placements[k][0] + p->placements[k][1]; s++)
+            want |= 1ULL << s;
+        if (!(want & taken)) n++, taken |= want;
+    }
+    *count = n;
     return NVML_SUCCESS;
 }
 

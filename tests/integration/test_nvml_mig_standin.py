@@ -1,0 +1,164 @@
+"""The NVML stand-in makes and destroys MIG instances with the driver's rules, through the
+real pynvml ctypes path: only listed placements; a placement overlapping any GPU instance,
+or one past the profile's instance count, is NVML_ERROR_INSUFFICIENT_RESOURCES; a GPU
+instance with a compute instance is NVML_ERROR_IN_USE on destroy; capability files come
+and go with the instances; instances outlive the process when their state is kept.
+Profiles: A100-40GB, H100-80GB and H200 with MIG on and no instances (issue #29)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from dra_plugin.vendors.nvidia import nvml
+from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+
+PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
+
+
+@pytest.fixture(scope="module")
+def fake() -> FakeNvml:
+    return build_fake_nvml()
+
+
+@pytest.fixture
+def caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "capabilities"
+    monkeypatch.setenv("FAKE_NVML_CAPS_ROOT", str(root))
+    monkeypatch.setenv("FAKE_NVML_MIG_STATE", str(tmp_path / "mig-state"))
+    return root
+
+
+@pytest.fixture(params=PROFILES)
+def gpu(request: Any, fake: FakeNvml, caps: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path(request.param)))
+    nvml.init(fake.driver_root)
+    try:
+        yield pynvml.nvmlDeviceGetHandleByIndex(0)
+    finally:
+        nvml.shutdown()
+
+
+def profiles(h: Any) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """(profile id, instance count, placements) of every GI profile the GPU has."""
+    out = []
+    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+        try:
+            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index, version=1)
+        except pynvml.NVMLError:
+            continue
+        count = pynvml.c_uint(8)
+        places = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
+        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, places, pynvml.byref(count))
+        out.append(
+            (info.id, info.instanceCount, [(p.start, p.size) for p in places[: count.value]])
+        )
+    return out
+
+
+def create(h: Any, profile_id: int, place: tuple[int, int]) -> Any:
+    p = pynvml.c_nvmlGpuInstancePlacement_t(*place)
+    return pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, profile_id, pynvml.byref(p))
+
+
+def error(fn: Any, *args: Any) -> int:
+    with pytest.raises(pynvml.NVMLError) as err:
+        fn(*args)
+    return int(err.value.value)
+
+
+def overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] < b[0] + b[1] and b[0] < a[0] + a[1]
+
+
+def test_every_listed_placement_can_be_made_alone_and_destroyed(gpu: Any, caps: Path) -> None:
+    assert pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu) == 7
+    for profile_id, _, places in profiles(gpu):
+        assert places
+        for place in places:
+            gi = create(gpu, profile_id, place)
+            info = pynvml.nvmlGpuInstanceGetInfo(gi)
+            assert (info.profileId, info.placement.start, info.placement.size) == (
+                profile_id,
+                *place,
+            )
+            assert (caps / f"gpu0/mig/gi{info.id}/access").is_file()
+            pynvml.nvmlGpuInstanceDestroy(gi)
+            assert not (caps / f"gpu0/mig/gi{info.id}").exists()
+
+
+def test_a_placement_not_listed_is_refused(gpu: Any) -> None:
+    seven = next(p for p in profiles(gpu) if p[0] == 0)
+    assert error(create, gpu, 0, (1, 8)) == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert seven[2] == [(0, 8)]
+
+
+def test_two_instances_coexist_exactly_when_placements_do_not_overlap_and_counts_allow(
+    gpu: Any,
+) -> None:
+    placements = [(pid, n, pl) for pid, n, places in profiles(gpu) for pl in places]
+    for (p1, n1, a), (p2, _n2, b) in itertools.combinations_with_replacement(placements, 2):
+        if (p1, a) == (p2, b):
+            continue
+        first = create(gpu, p1, a)
+        allowed = not overlap(a, b) and not (p1 == p2 and n1 < 2)
+        try:
+            if allowed:
+                pynvml.nvmlGpuInstanceDestroy(create(gpu, p2, b))
+            else:
+                assert error(create, gpu, p2, b) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+        finally:
+            pynvml.nvmlGpuInstanceDestroy(first)
+
+
+def test_a_compute_instance_makes_a_mig_device_and_blocks_destroying_its_gpu_instance(
+    gpu: Any, caps: Path
+) -> None:
+    gi = create(gpu, 9, (0, 4))  # 3g
+    info = pynvml.nvmlGpuInstanceGetInfo(gi)
+    ci_profile = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0
+    )
+    ci = pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+    assert pynvml.nvmlDeviceGetGpuInstanceId(mig) == info.id
+    assert pynvml.nvmlDeviceGetUUID(mig).startswith("MIG-")
+    assert "MIG 3g." in pynvml.nvmlDeviceGetName(mig)
+    ci_access = caps / f"gpu0/mig/gi{info.id}/ci0/access"
+    assert "DeviceFileMinor: " in ci_access.read_text()
+    assert error(pynvml.nvmlGpuInstanceDestroy, gi) == pynvml.NVML_ERROR_IN_USE
+    pynvml.nvmlComputeInstanceDestroy(ci)
+    assert not ci_access.exists()
+    assert error(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, gpu, 0) == pynvml.NVML_ERROR_NOT_FOUND
+    pynvml.nvmlGpuInstanceDestroy(gi)
+
+
+def test_instances_outlive_the_process_that_made_them(
+    fake: FakeNvml, caps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("h200-mig-empty")))
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(1)
+        gi = create(h, 19, (3, 1))
+        pynvml.nvmlGpuInstanceCreateComputeInstance(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+        )
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0))
+    finally:
+        nvml.shutdown()
+    nvml.init(fake.driver_root)  # a new process, as far as the stand-in can tell
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(1)
+        mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, 0)
+        assert pynvml.nvmlDeviceGetUUID(mig) == uuid
+        assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 1g.18gb"
+        # Still there: the same placement cannot be made twice.
+        assert error(create, h, 19, (3, 1)) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    finally:
+        nvml.shutdown()
