@@ -16,12 +16,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pynvml
 import pytest
 
 from dra_plugin.devices import NUMA_NODE, PCI_BUS_ID, Health, Version, validate_device
 from dra_plugin.slices.build import parse_quantity
+from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.nvml import NvmlDiscovery, discover_nvidia
+from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
+from dra_plugin.vendors.nvidia.partitions import fits, overlap, partitions
 
 pytestmark = pytest.mark.gpu
 
@@ -153,3 +157,41 @@ def test_telemetry_on_real_gpus(real: NvmlDiscovery) -> None:
 
 def real_memory(real: NvmlDiscovery, name: str) -> int:
     return next(d.caps["memory"] for d in real.devices if d.name == name)
+
+
+def test_mig_placements_listed_on_real_gpus_without_changing_anything(real: NvmlDiscovery) -> None:
+    """Partitionable MIG (issue #29) on real hardware, read-only: every GPU in MIG mode
+    lists its placements, and the counters built from them stay in the API's limits and
+    agree with overlap. Nothing is created, destroyed or switched: MIG mode and instances
+    are an administrator's."""
+    nvml.init(DRIVER_ROOT)
+    try:
+        seen = 0
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(index)
+            try:
+                current, _ = pynvml.nvmlDeviceGetMigMode(h)
+            except pynvml.NVMLError:
+                continue  # no MIG on this GPU
+            if current != 1:
+                continue
+            minor = pynvml.nvmlDeviceGetMinorNumber(h)
+            total = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            parts = partitions(minor, total, possible_placements(h))
+            seen += 1
+            assert parts.placements, f"GPU {index} in MIG mode lists no placement"
+            assert len(parts.counters) <= 32
+            for a in parts.placements:
+                assert a.name.startswith(f"gpu-{minor}-mig-"), a.name
+                for b in parts.placements:
+                    if a is not b and overlap(a.range, b.range):
+                        assert not fits(parts, [a, b]), (a.name, b.name)
+            print(
+                f"GPU {index}: {len(parts.placements)} placements, {len(parts.counters)} counters"
+            )
+    finally:
+        nvml.shutdown()
+    after = discover_nvidia(DRIVER_ROOT, DRIVER)  # the same MIG devices as before: none made
+    assert sorted(d.name for d in after.devices) == sorted(d.name for d in real.devices)
+    if not seen:
+        pytest.skip("no GPU here is in MIG mode; turning it on needs a GPU reset (an admin's step)")

@@ -17,7 +17,7 @@ import pytest
 
 from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.mig import GiProfile
-from dra_plugin.vendors.nvidia.nvml.migprofiles import gi_profiles
+from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
 from dra_plugin.vendors.nvidia.partitions import GpuPartitions, Placement, fits, partitions
 from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
@@ -38,25 +38,9 @@ def gpu(
     nvml.init(fake.driver_root)
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        yield h, partitions(0, pynvml.nvmlDeviceGetMemoryInfo(h).total, listed(h))
+        yield h, partitions(0, pynvml.nvmlDeviceGetMemoryInfo(h).total, possible_placements(h))
     finally:
         nvml.shutdown()
-
-
-def listed(h: Any) -> list[tuple[Any, int, list[tuple[int, int]]]]:
-    """(profile, instance count, placements), as the plugin asks NVML for them."""
-    out = []
-    for profile_id, gi in gi_profiles(h).items():
-        info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, gi.index, version=1)
-        count = pynvml.c_uint(8)
-        places = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
-        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
-            h, profile_id, places, pynvml.byref(count)
-        )
-        out.append(
-            (gi, int(info.instanceCount), [(p.start, p.size) for p in places[: count.value]])
-        )
-    return out
 
 
 def make(h: Any, p: Placement) -> Any:
@@ -113,7 +97,7 @@ def test_an_h200_offers_every_placement_by_nvidias_names(
     nvml.init(fake.driver_root)
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(1)
-        parts = partitions(1, pynvml.nvmlDeviceGetMemoryInfo(h).total, listed(h))
+        parts = partitions(1, pynvml.nvmlDeviceGetMemoryInfo(h).total, possible_placements(h))
     finally:
         nvml.shutdown()
     names = [p.name for p in parts.placements]
