@@ -16,6 +16,7 @@ import pynvml
 import pytest
 
 from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
 from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
@@ -46,19 +47,7 @@ def gpu(request: Any, fake: FakeNvml, caps: Path, monkeypatch: pytest.MonkeyPatc
 
 def profiles(h: Any) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """(profile id, instance count, placements) of every GI profile the GPU has."""
-    out = []
-    for index in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, index, version=1)
-        except pynvml.NVMLError:
-            continue
-        count = pynvml.c_uint(8)
-        places = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
-        pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id, places, pynvml.byref(count))
-        out.append(
-            (info.id, info.instanceCount, [(p.start, p.size) for p in places[: count.value]])
-        )
-    return out
+    return [(gi.id, n, places) for gi, n, places in possible_placements(h)]
 
 
 def create(h: Any, profile_id: int, place: tuple[int, int]) -> Any:
