@@ -37,8 +37,8 @@ class InvalidDeviceError(ValueError):
     """A device value breaks a ResourceSlice rule; the message names device and rule."""
 
 
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
+def is_dns_label(value: object) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and bool(_DNS_LABEL.match(value))
 
 
 def is_dns_subdomain(value: str) -> bool:
@@ -46,6 +46,14 @@ def is_dns_subdomain(value: str) -> bool:
     if not value or len(value) > 253:
         return False
     return all(is_dns_label(part) for part in value.split("."))
+
+
+def is_request_name(value: object) -> bool:
+    """A request as an allocation result names it: `gpu`, or `gpu/fast` (a subrequest)."""
+    if not isinstance(value, str):
+        return False
+    parts = value.split("/")
+    return len(parts) <= 2 and all(is_dns_label(p) for p in parts)
 
 
 def valid_driver_name(value: str) -> bool:

@@ -91,9 +91,19 @@ def consumed_shares(result: Mapping[str, Any]) -> int:
     raw = consumed.get(SHARES) if isinstance(consumed, Mapping) else None
     if raw is None:
         return 1
-    amount = parse_quantity(str(raw))
-    if amount != amount.to_integral_value() or amount < 1:
-        raise ValueError(f"consumedCapacity {SHARES}={raw!r} is not a whole number >= 1")
+    shown = repr(raw[:40]) if isinstance(raw, str) else f"<{type(raw).__name__}>"
+    bad = ValueError(f"consumedCapacity {SHARES}={shown} is not a whole number >= 1")
+    if not isinstance(raw, str | int | float) or isinstance(raw, bool):  # a JSON list, ...
+        raise bad
+    try:
+        amount = parse_quantity(raw if isinstance(raw, str) else repr(raw))
+        whole = amount == amount.to_integral_value() and amount >= 1
+    except (ArithmeticError, ValueError):  # not a quantity, an exponent past Decimal's
+        raise bad from None
+    if not whole:
+        raise bad
+    if amount > MAX_SHARES:  # no device has more; a huge number would not even print
+        raise ValueError(f"consumedCapacity {SHARES}={shown} is over {MAX_SHARES}")
     return int(amount)
 
 

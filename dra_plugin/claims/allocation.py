@@ -16,7 +16,7 @@ from itertools import islice
 from typing import Any
 
 from dra_plugin.checkpoint.snapshot import ClaimMap, DeviceBook, holder
-from dra_plugin.devices import Device
+from dra_plugin.devices import Device, is_dns_label, is_request_name
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
 
@@ -225,10 +225,15 @@ def select(
     for r in results:
         if r.get("driver") != driver or r.get("pool") != pool:
             continue
-        dev = devices.get(str(r.get("device")))
+        name = r.get("device")
+        dev = devices.get(str(name))
         if dev is None:
+            shown = name if is_dns_label(name) else repr(name)  # odd text stays one line
+            raise ClaimError(f"{who}: device {shown} is not published by {driver} on node {pool}")
+        if not is_request_name(r.get("request")):  # it is echoed to the kubelet, maybe a path
             raise ClaimError(
-                f"{who}: device {r.get('device')} is not published by {driver} on node {pool}"
+                f"{who}: device {dev.name}: request name {r.get('request')!r} is not a DNS "
+                "label (or label/label); the claim was not prepared"
             )
         admin = r.get("adminAccess") is True
         share_id = r.get("shareID")

@@ -32,7 +32,7 @@ from dra_plugin.cdi.rules import validate_spec
 from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.claims.allocation import Chosen
-from dra_plugin.devices import Device, is_dns_label
+from dra_plugin.devices import Device, is_dns_label, is_dns_subdomain
 from dra_plugin.host.files import (
     SHARED_DIR_MODE,
     atomic_write,
@@ -142,6 +142,8 @@ def plan(
     None when no result is ours."""
     annotations = (claim.get("metadata") or {}).get("annotations") or {}
     pod = annotations.get(POD_CLAIM_ANNOTATION)
+    if isinstance(pod, str) and pod and not is_dns_subdomain(pod):  # it becomes a path
+        raise MetadataError(f"annotation {POD_CLAIM_ANNOTATION}={pod[:80]!r} is not a name")
     seen: dict[str, str] = {}
     for base, ref in results:
         if not is_dns_label(base):

@@ -76,6 +76,11 @@ def _claims(request: Any) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, uid=c.uid, name=c.name) for c in request.claims]
 
 
+def _wire_text(text: str) -> str:
+    """Text protobuf can send: a lone surrogate from a claim's JSON would fail the call."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _missing(claims: Sequence[ClaimRef], got: Mapping[str, _T], fill: _T) -> dict[str, _T]:
     """Guarantee an entry for every requested claim UID (the kubelet requires it)."""
     out = dict(got)
@@ -124,19 +129,26 @@ class _DRAServicer:
         claims = _claims(request)
 
         async def call() -> Any:
-            results = await self._handler.prepare(claims)
+            try:
+                results = await self._handler.prepare(claims)
+            except Exception as exc:  # a bug answers each claim, not the call
+                log.exception("prepare of %d claim(s) failed driver=%s", len(claims), self._driver)
+                why = f"internal error: {type(exc).__name__}"
+                results = {
+                    c.uid: PrepareResult(error=f"{c}: prepare failed: {why}") for c in claims
+                }
             results = _missing(claims, results, PrepareResult(error="no result from plugin"))
             resp = self._pb.NodePrepareResourcesResponse()
             for uid, res in results.items():
                 entry = resp.claims[uid]
                 if res.error:
-                    entry.error = res.error
+                    entry.error = _wire_text(res.error)
                     metrics.claim_error(self._driver, "prepare")
                     log.warning(
                         "prepare failed driver=%s claim_uid=%s error=%s",
                         self._driver,
                         uid,
-                        res.error,
+                        entry.error,
                     )
                     continue
                 for d in res.devices:

@@ -70,6 +70,24 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 DEEP = b"[" * 100_000 + b"]" * 100_000
 
 
+def _with_result(**changed: object) -> Callable[[dict[str, Any]], bytes]:
+    """The stored claim (its own uid) with its one result changed."""
+
+    def body(claim: dict[str, Any]) -> bytes:
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        result.update(changed)
+        return json.dumps(claim).encode()
+
+    return body
+
+
+# A device named with a lone surrogate (valid JSON, not encodable as UTF-8: the error that
+# quotes it must still reach the kubelet), and a share count no Decimal can hold.
+SURROGATE = _with_result(device="gpu\ud800")
+HUGE_SHARES = _with_result(shareID="5ea10000-0000-4000-8000-000000000001",
+                           consumedCapacity={"shares": "1e999999999"})  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("body", "why"),
     [
@@ -81,10 +99,25 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
         (b'{"metadata": ', "response is not JSON"),
         (b"\xff\xfe garbage", "response is not JSON"),
         (b'{"pad": "' + b"x" * (9 * 1024 * 1024) + b'"}', "too large"),
+        (SURROGATE, "is not published"),  # the error text quotes it: protobuf must carry it
+        (HUGE_SHARES, "not a whole number"),
     ],
-    ids=["null", "string", "number", "list", "deep", "torn", "garbage", "huge"],
+    ids=[
+        "null",
+        "string",
+        "number",
+        "list",
+        "deep",
+        "torn",
+        "garbage",
+        "huge",
+        "surrogate",
+        "exponent",
+    ],
 )
-def test_a_body_that_is_not_a_claim_fails_only_its_claim(node: Node, body: bytes, why: str) -> None:
+def test_a_body_that_is_not_a_claim_fails_only_its_claim(
+    node: Node, body: bytes | Callable[[dict[str, Any]], bytes], why: str
+) -> None:
     err, bad = node.prepare_with_a_good_claim(body)
     assert err.startswith(f"claim default/{bad.name} (uid {bad.uid}): "), err
     assert why in err, err

@@ -85,3 +85,24 @@ def test_a_request_name_that_is_not_a_label_fails_its_claim_with_metadata_on(
         assert path.name.isascii() and "\n" not in path.name
     for path in (tmp_path / "state").rglob("*"):
         assert path.name.isascii() and "\n" not in path.name
+
+
+@pytest.mark.parametrize("bad", ["gpu\n", "a/b/c", "../x", "gpu\u0430", ""])
+def test_a_request_name_that_is_not_a_request_fails_its_claim_with_metadata_off(
+    tmp_path: Path, bad: str
+) -> None:
+    """The request name is echoed to the kubelet, which matches containers by it."""
+    dev = intel_device(0)
+    odd = claim(1, [result(dev.name, request=bad)])
+    got = asyncio.run(preparer(tmp_path, FakeApi([odd]), [dev]).prepare([ref(odd)]))[uid(1)]
+    assert got.error.startswith(f"claim default/claim-1 (uid {uid(1)}): device {dev.name}: ")
+    assert "is not a DNS label (or label/label)" in got.error
+
+
+def test_a_pod_claim_annotation_that_is_not_a_name_fails_its_claim(tmp_path: Path) -> None:
+    dev = intel_device(0)
+    odd = claim(1, [result(dev.name)])
+    odd["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "../../etc"}
+    p = preparer(tmp_path, FakeApi([odd]), [dev], device_metadata=True)
+    got = asyncio.run(p.prepare([ref(odd)]))[uid(1)]
+    assert "pod-claim-name='../../etc' is not a name" in got.error, got.error
