@@ -31,7 +31,20 @@ def caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "capabilities"
     monkeypatch.setenv("FAKE_NVML_CAPS_ROOT", str(root))
     monkeypatch.setenv("FAKE_NVML_MIG_STATE", str(tmp_path / "mig-state"))
+    monkeypatch.setenv("FAKE_NVML_MIG_MINORS", str(tmp_path / "mig-minors"))
     return root
+
+
+def mig_minors(caps: Path) -> dict[str, int]:
+    """The fake /proc/driver/nvidia-caps/mig-minors beside the capabilities root."""
+    lines = (caps.parent / "mig-minors").read_text().splitlines()
+    return {name: int(minor) for name, minor in (line.split() for line in lines)}
+
+
+def access(path: Path) -> dict[str, int]:
+    """An access file as the driver writes it: DeviceFileMinor / DeviceFileMode lines."""
+    pairs = (line.split(": ") for line in path.read_text().splitlines())
+    return {key: int(value) for key, value in pairs}
 
 
 @pytest.fixture(params=PROFILES)
@@ -130,7 +143,15 @@ def test_a_compute_instance_makes_a_mig_device_and_blocks_destroying_its_gpu_ins
     assert pynvml.nvmlDeviceGetUUID(mig).startswith("MIG-")
     assert "MIG 3g." in pynvml.nvmlDeviceGetName(mig)
     ci_access = caps / f"gpu0/mig/gi{info.id}/ci0/access"
-    assert "DeviceFileMinor: " in ci_access.read_text()
+    minors = mig_minors(caps)
+    assert access(ci_access) == {
+        "DeviceFileMinor": minors[f"gpu0/gi{info.id}/ci0/access"],
+        "DeviceFileMode": 292,  # 0444, as the driver's
+    }
+    assert (
+        access(caps / f"gpu0/mig/gi{info.id}/access")["DeviceFileMinor"]
+        == (minors[f"gpu0/gi{info.id}/access"])
+    )
     assert error(pynvml.nvmlGpuInstanceDestroy, gi) == pynvml.NVML_ERROR_IN_USE
     pynvml.nvmlComputeInstanceDestroy(ci)
     assert not ci_access.exists()
@@ -160,5 +181,35 @@ def test_instances_outlive_the_process_that_made_them(
         assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 1g.18gb"
         # Still there: the same placement cannot be made twice.
         assert error(create, h, 19, (3, 1)) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    finally:
+        nvml.shutdown()
+
+
+def test_mig_minors_lists_every_possible_access_file(gpu: Any, caps: Path) -> None:
+    minors = mig_minors(caps)
+    assert (minors["config"], minors["monitor"]) == (1, 2)
+    gpus = pynvml.nvmlDeviceGetCount()
+    assert len(minors) == 2 + gpus * 15 * 9  # per GPU: 15 GPU instances of 8 compute instances
+    assert (minors["gpu0/gi0/access"], minors["gpu0/gi0/ci7/access"]) == (3, 11)
+    assert minors["gpu0/gi14/ci7/access"] == 137
+    assert len(set(minors.values())) == len(minors)
+
+
+def test_mig_mode_off_refuses_to_make_instances(
+    fake: FakeNvml, tmp_path: Path, caps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML's reference for nvmlDeviceCreateGpuInstance(WithPlacement): NOT_SUPPORTED when
+    # the device does not have MIG mode enabled.
+    conf = profile_path("a100-40gb-mig-empty").read_text().replace("mig_mode = 1", "mig_mode = 0")
+    (tmp_path / "off.conf").write_text(conf)
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "off.conf"))
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert error(create, h, 19, (0, 1)) == pynvml.NVML_ERROR_NOT_SUPPORTED
+        count = pynvml.c_uint(0)
+        got = error(pynvml.nvmlDeviceGetGpuInstances, h, 19, None, pynvml.byref(count))
+        assert got == pynvml.NVML_ERROR_NOT_SUPPORTED
+        assert not caps.exists()
     finally:
         nvml.shutdown()

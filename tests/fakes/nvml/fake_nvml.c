@@ -73,7 +73,13 @@
  * nvmlGpuInstanceDestroy) with the driver's rules; see "MIG instances made and destroyed".
  * FAKE_NVML_CAPS_ROOT names a fake /proc/driver/nvidia/capabilities: the access files of
  * the instances made appear and go there. FAKE_NVML_MIG_STATE names a file that keeps the
- * instances made across processes (real instances outlive the process that made them).
+ * instances made across processes (real instances outlive the process that made them):
+ * one line per instance made through the API ("gi <gpu index> <gi id> <profile index>
+ * <start> <size> <has ci> <uuid>"), rewritten whole (temporary file + rename) after every
+ * create and destroy, read at every first nvmlInit; a process killed at any point leaves
+ * either the state before or after its last call. FAKE_NVML_MIG_MINORS names a fake
+ * /proc/driver/nvidia-caps/mig-minors ("gpuG/giI/access <minor>", "gpuG/giI/ciC/access
+ * <minor>"), written at nvmlInit; an access file's DeviceFileMinor is its minor there.
  *
  * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
  * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled,
@@ -325,6 +331,7 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
 
 static gi_profile *profile_by_id(fake_dev *gpu, unsigned id, unsigned *index);
 static void load_state(void);
+static void write_mig_minors(void);
 
 /* Returns 0, or an NVML error code for nvmlInit. */
 static int load_profile(void) {
@@ -380,6 +387,7 @@ static int load_profile(void) {
             g_migs[i].profile_index = index;
     }
     load_state();
+    write_mig_minors();
     return g_init_error;
 }
 
@@ -773,6 +781,33 @@ static void write_file(const char *path, const char *text) {
     FILE *f = fopen(tmp, "w");
     if (!f) return;
     fputs(text, f);
+    fclose(f);
+    rename(tmp, path);
+}
+
+/* FAKE_NVML_MIG_MINORS names a fake /proc/driver/nvidia-caps/mig-minors, written at every
+ * first nvmlInit: like the driver's, it lists every possible access file (config, monitor,
+ * then 15 GPU instances of 8 compute instances for each GPU minor up to the highest one in
+ * the profile), not only those of instances that exist. */
+static void write_mig_minors(void) {
+    const char *path = getenv("FAKE_NVML_MIG_MINORS");
+    if (!path || !*path) return;
+    unsigned top = 0;
+    for (int i = 0; i < g_ngpus; i++)
+        if (g_gpus[i].minor > top) top = g_gpus[i].minor;
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fputs("config 1\nmonitor 2\n", f);
+    for (unsigned g = 0; g <= top; g++) {
+        for (unsigned gi = 0; gi < 15; gi++) {
+            unsigned minor = gi_access_minor(g, gi);
+            fprintf(f, "gpu%u/gi%u/access %u\n", g, gi, minor);
+            for (unsigned ci = 0; ci < 8; ci++)
+                fprintf(f, "gpu%u/gi%u/ci%u/access %u\n", g, gi, ci, minor + 1 + ci);
+        }
+    }
     fclose(f);
     rename(tmp, path);
 }
