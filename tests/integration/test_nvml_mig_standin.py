@@ -213,3 +213,45 @@ def test_mig_mode_off_refuses_to_make_instances(
         assert not caps.exists()
     finally:
         nvml.shutdown()
+
+
+def test_the_calls_nvidias_driver_makes_around_create_and_destroy(gpu: Any) -> None:
+    """dra-driver-nvidia-gpu's createMigDevice/deleteMigDevice path: a GI without a
+    placement, the full-size CI with its placement, CI lookup by id, remaining capacities."""
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 2  # 3g: 0+4, 4+4
+    first = pynvml.nvmlDeviceCreateGpuInstance(gpu, 9)
+    second = pynvml.nvmlDeviceCreateGpuInstance(gpu, 9)
+    starts = {pynvml.nvmlGpuInstanceGetInfo(g).placement.start for g in (first, second)}
+    assert starts == {0, 4}
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 0
+    assert error(pynvml.nvmlDeviceCreateGpuInstance, gpu, 9) == (
+        pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    )
+    three = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+    assert pynvml.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(first, three) == 1
+    count = pynvml.c_uint(4)
+    places = (pynvml.c_nvmlComputeInstancePlacement_t * 4)()
+    pynvml.nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        first, three, places, pynvml.byref(count)
+    )
+    assert [(p.start, p.size) for p in places[: count.value]] == [(0, 3)]
+    wrong = pynvml.c_nvmlComputeInstancePlacement_t(1, 3)
+    assert error(
+        pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement, first, three, pynvml.byref(wrong)
+    ) == (pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    ci = pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        first, three, pynvml.byref(places[0])
+    )
+    assert pynvml.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(first, three) == 0
+    ci_id = pynvml.nvmlComputeInstanceGetInfo(ci).id
+    again = pynvml.nvmlGpuInstanceGetComputeInstanceById(first, ci_id)
+    assert error(pynvml.nvmlGpuInstanceGetComputeInstanceById, first, ci_id + 1) == (
+        pynvml.NVML_ERROR_NOT_FOUND
+    )
+    pynvml.nvmlComputeInstanceDestroy(again)
+    assert error(pynvml.nvmlGpuInstanceGetComputeInstanceById, first, ci_id) == (
+        pynvml.NVML_ERROR_NOT_FOUND
+    )
+    for g in (first, second):
+        pynvml.nvmlGpuInstanceDestroy(g)
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 2

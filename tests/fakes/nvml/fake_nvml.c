@@ -68,9 +68,10 @@
  *     recover <gpu index>                  the GPU answers again
  *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
  *
- * MIG instances can be made and destroyed through the API (nvmlDeviceCreateGpuInstance-
- * WithPlacement, nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy,
- * nvmlGpuInstanceDestroy) with the driver's rules; see "MIG instances made and destroyed".
+ * MIG instances can be made and destroyed through the API (nvmlDeviceCreateGpuInstance
+ * (WithPlacement), nvmlGpuInstanceCreateComputeInstance(WithPlacement),
+ * nvmlComputeInstanceDestroy, nvmlGpuInstanceDestroy, and the lookups and remaining
+ * capacities around them) with the driver's rules; see "MIG instances made and destroyed".
  * FAKE_NVML_CAPS_ROOT names a fake /proc/driver/nvidia/capabilities: the access files of
  * the instances made appear and go there. FAKE_NVML_MIG_STATE names a file that keeps the
  * instances made across processes (real instances outlive the process that made them):
@@ -1102,6 +1103,75 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstances(void *gi, unsigned profile_id, v
     if (match && cis) cis[0] = &g_cis[m - g_migs];
     *count = match ? 1 : 0;
     return NVML_SUCCESS;
+}
+
+/* Without a placement the driver picks one: here the first listed placement that is free. */
+nvmlReturn_t nvmlDeviceCreateGpuInstance(void *h, unsigned profile_id, void **out) {
+    CHECK(h, d);
+    if (!out || d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
+    gi_profile *p = profile_by_id(d, profile_id, NULL);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned k = 0; k < p->nplacements; k++) {
+        nvmlGpuInstancePlacement_t pl = {p->placements[k][0], p->placements[k][1]};
+        nvmlReturn_t r = nvmlDeviceCreateGpuInstanceWithPlacement(h, profile_id, &pl, out);
+        if (r != NVML_ERROR_INSUFFICIENT_RESOURCES) return r;
+    }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+/* The one full-size compute instance profile of a GPU instance, or -1. */
+static int full_ci_profile(const fake_dev *m, unsigned profile_id) {
+    const gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    int ok = profile_id < sizeof CI_SLICES / sizeof CI_SLICES[0] && CI_SLICES[profile_id] == p->slices;
+    return ok ? (int)p->slices : -1;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *gi, unsigned id, void **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!m->has_ci || m->ci != id) return NVML_ERROR_NOT_FOUND;
+    *out = &g_cis[m - g_migs];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(void *gi, unsigned profile_id,
+                                                                unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (full_ci_profile(m, profile_id) < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = m->has_ci ? 0 : 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+    void *gi, unsigned profile_id, nvmlGpuInstancePlacement_t *out, unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    int slices = full_ci_profile(m, profile_id);
+    if (slices < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (out && *count < 1) {
+        *count = 1;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (out) out[0].start = 0, out[0].size = (unsigned)slices;
+    *count = 1;
+    return NVML_SUCCESS;
+}
+
+/* nvmlComputeInstancePlacement_t has nvmlGpuInstancePlacement_t's layout. */
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+    void *gi, unsigned profile_id, const nvmlGpuInstancePlacement_t *pl, void **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !pl || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    int slices = full_ci_profile(m, profile_id);
+    if (slices < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (pl->start != 0 || pl->size != (unsigned)slices) return NVML_ERROR_INVALID_ARGUMENT;
+    return nvmlGpuInstanceCreateComputeInstance(gi, profile_id, out);
 }
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *ci, nvmlComputeInstanceInfo_t *info) {
