@@ -42,7 +42,7 @@ def mig_minors(caps: Path) -> dict[str, int]:
 
 
 def access(path: Path) -> dict[str, int]:
-    """An access file as the driver writes it: DeviceFileMinor / DeviceFileMode lines."""
+    """An access file as the driver writes it: DeviceFileMinor/Mode/Modify lines."""
     pairs = (line.split(": ") for line in path.read_text().splitlines())
     return {key: int(value) for key, value in pairs}
 
@@ -147,6 +147,7 @@ def test_a_compute_instance_makes_a_mig_device_and_blocks_destroying_its_gpu_ins
     assert access(ci_access) == {
         "DeviceFileMinor": minors[f"gpu0/gi{info.id}/ci0/access"],
         "DeviceFileMode": 292,  # 0444, as the driver's
+        "DeviceFileModify": 1,
     }
     assert (
         access(caps / f"gpu0/mig/gi{info.id}/access")["DeviceFileMinor"]

@@ -818,6 +818,8 @@ static void gi_dir(const fake_dev *m, char *out, size_t n) {
              g_gpus[m->gpu].minor, m->gi);
 }
 
+/* The three lines nv_cap_procfs_read prints (open-gpu-kernel-modules,
+ * kernel-open/nvidia/nv-caps.c); 292 is 0444, the mode of MIG GI/CI access files. */
 static void caps_write(const fake_dev *m) {
     const char *root = getenv("FAKE_NVML_CAPS_ROOT");
     if (!root || !*root) return;
@@ -826,13 +828,13 @@ static void caps_write(const fake_dev *m) {
     gi_dir(m, dir, sizeof dir);
     make_dirs(dir);
     snprintf(path, sizeof path, "%s/access", dir);
-    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
     write_file(path, text);
     if (!m->has_ci) return;
     snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/ci%u", m->ci);
     make_dirs(dir);
     snprintf(path, sizeof path, "%s/access", dir);
-    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor + 1 + m->ci);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor + 1 + m->ci);
     write_file(path, text);
 }
 
