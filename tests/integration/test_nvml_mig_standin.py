@@ -256,3 +256,40 @@ def test_the_calls_nvidias_driver_makes_around_create_and_destroy(gpu: Any) -> N
     for g in (first, second):
         pynvml.nvmlGpuInstanceDestroy(g)
     assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 2
+
+
+def test_a_gpu_instance_left_without_compute_instance_outlives_the_process_unseen_as_mig(
+    fake: FakeNvml, caps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between creating the GPU instance and its compute instance: after restart the
+    GI is listed by nvmlDeviceGetGpuInstances but is no MIG device handle, as on a real GPU;
+    recovery must look for it there."""
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("h100-80gb-mig-empty")))
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi_id = pynvml.nvmlGpuInstanceGetInfo(create(h, 14, (2, 2))).id  # 2g at 2+2
+    finally:
+        nvml.shutdown()
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert error(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0) == (
+            pynvml.NVML_ERROR_NOT_FOUND
+        )
+        count = pynvml.c_uint(0)
+        gis = (pynvml.c_nvmlGpuInstance_t * 7)()
+        pynvml.nvmlDeviceGetGpuInstances(h, 14, gis, pynvml.byref(count))
+        assert count.value == 1
+        assert pynvml.nvmlGpuInstanceGetInfo(gis[0]).id == gi_id
+        assert (caps / f"gpu0/mig/gi{gi_id}/access").is_file()
+        assert not (caps / f"gpu0/mig/gi{gi_id}/ci0").exists()
+        pynvml.nvmlGpuInstanceDestroy(gis[0])
+    finally:
+        nvml.shutdown()
+    nvml.init(fake.driver_root)
+    try:  # the destroy was kept too
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 14) == 3
+    finally:
+        nvml.shutdown()
