@@ -32,7 +32,20 @@ def caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "capabilities"
     monkeypatch.setenv("FAKE_NVML_CAPS_ROOT", str(root))
     monkeypatch.setenv("FAKE_NVML_MIG_STATE", str(tmp_path / "mig-state"))
+    monkeypatch.setenv("FAKE_NVML_MIG_MINORS", str(tmp_path / "mig-minors"))
     return root
+
+
+def mig_minors(caps: Path) -> dict[str, int]:
+    """The fake /proc/driver/nvidia-caps/mig-minors beside the capabilities root."""
+    lines = (caps.parent / "mig-minors").read_text().splitlines()
+    return {name: int(minor) for name, minor in (line.split() for line in lines)}
+
+
+def access(path: Path) -> dict[str, int]:
+    """An access file as the driver writes it: DeviceFileMinor/Mode/Modify lines."""
+    pairs = (line.split(": ") for line in path.read_text().splitlines())
+    return {key: int(value) for key, value in pairs}
 
 
 @pytest.fixture(params=PROFILES)
@@ -119,7 +132,16 @@ def test_a_compute_instance_makes_a_mig_device_and_blocks_destroying_its_gpu_ins
     assert pynvml.nvmlDeviceGetUUID(mig).startswith("MIG-")
     assert "MIG 3g." in pynvml.nvmlDeviceGetName(mig)
     ci_access = caps / f"gpu0/mig/gi{info.id}/ci0/access"
-    assert "DeviceFileMinor: " in ci_access.read_text()
+    minors = mig_minors(caps)
+    assert access(ci_access) == {
+        "DeviceFileMinor": minors[f"gpu0/gi{info.id}/ci0/access"],
+        "DeviceFileMode": 292,  # 0444, as the driver's
+        "DeviceFileModify": 1,
+    }
+    assert (
+        access(caps / f"gpu0/mig/gi{info.id}/access")["DeviceFileMinor"]
+        == (minors[f"gpu0/gi{info.id}/access"])
+    )
     assert error(pynvml.nvmlGpuInstanceDestroy, gi) == pynvml.NVML_ERROR_IN_USE
     pynvml.nvmlComputeInstanceDestroy(ci)
     assert not ci_access.exists()
@@ -149,5 +171,114 @@ def test_instances_outlive_the_process_that_made_them(
         assert pynvml.nvmlDeviceGetName(mig) == "NVIDIA H200 MIG 1g.18gb"
         # Still there: the same placement cannot be made twice.
         assert error(create, h, 19, (3, 1)) == pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    finally:
+        nvml.shutdown()
+
+
+def test_mig_minors_lists_every_possible_access_file(gpu: Any, caps: Path) -> None:
+    minors = mig_minors(caps)
+    assert (minors["config"], minors["monitor"]) == (1, 2)
+    gpus = pynvml.nvmlDeviceGetCount()
+    assert len(minors) == 2 + gpus * 15 * 9  # per GPU: 15 GPU instances of 8 compute instances
+    assert (minors["gpu0/gi0/access"], minors["gpu0/gi0/ci7/access"]) == (3, 11)
+    assert minors["gpu0/gi14/ci7/access"] == 137
+    assert len(set(minors.values())) == len(minors)
+
+
+def test_mig_mode_off_refuses_to_make_instances(
+    fake: FakeNvml, tmp_path: Path, caps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NVML's reference for nvmlDeviceCreateGpuInstance(WithPlacement): NOT_SUPPORTED when
+    # the device does not have MIG mode enabled.
+    conf = profile_path("a100-40gb-mig-empty").read_text().replace("mig_mode = 1", "mig_mode = 0")
+    (tmp_path / "off.conf").write_text(conf)
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "off.conf"))
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert error(create, h, 19, (0, 1)) == pynvml.NVML_ERROR_NOT_SUPPORTED
+        count = pynvml.c_uint(0)
+        got = error(pynvml.nvmlDeviceGetGpuInstances, h, 19, None, pynvml.byref(count))
+        assert got == pynvml.NVML_ERROR_NOT_SUPPORTED
+        assert not caps.exists()
+    finally:
+        nvml.shutdown()
+
+
+def test_the_calls_nvidias_driver_makes_around_create_and_destroy(gpu: Any) -> None:
+    """dra-driver-nvidia-gpu's createMigDevice/deleteMigDevice path: a GI without a
+    placement, the full-size CI with its placement, CI lookup by id, remaining capacities."""
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 2  # 3g: 0+4, 4+4
+    first = pynvml.nvmlDeviceCreateGpuInstance(gpu, 9)
+    second = pynvml.nvmlDeviceCreateGpuInstance(gpu, 9)
+    starts = {pynvml.nvmlGpuInstanceGetInfo(g).placement.start for g in (first, second)}
+    assert starts == {0, 4}
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 0
+    assert error(pynvml.nvmlDeviceCreateGpuInstance, gpu, 9) == (
+        pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES
+    )
+    three = pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE
+    assert pynvml.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(first, three) == 1
+    count = pynvml.c_uint(4)
+    places = (pynvml.c_nvmlComputeInstancePlacement_t * 4)()
+    pynvml.nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+        first, three, places, pynvml.byref(count)
+    )
+    assert [(p.start, p.size) for p in places[: count.value]] == [(0, 3)]
+    wrong = pynvml.c_nvmlComputeInstancePlacement_t(1, 3)
+    assert error(
+        pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement, first, three, pynvml.byref(wrong)
+    ) == (pynvml.NVML_ERROR_INVALID_ARGUMENT)
+    ci = pynvml.nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+        first, three, pynvml.byref(places[0])
+    )
+    assert pynvml.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(first, three) == 0
+    ci_id = pynvml.nvmlComputeInstanceGetInfo(ci).id
+    again = pynvml.nvmlGpuInstanceGetComputeInstanceById(first, ci_id)
+    assert error(pynvml.nvmlGpuInstanceGetComputeInstanceById, first, ci_id + 1) == (
+        pynvml.NVML_ERROR_NOT_FOUND
+    )
+    pynvml.nvmlComputeInstanceDestroy(again)
+    assert error(pynvml.nvmlGpuInstanceGetComputeInstanceById, first, ci_id) == (
+        pynvml.NVML_ERROR_NOT_FOUND
+    )
+    for g in (first, second):
+        pynvml.nvmlGpuInstanceDestroy(g)
+    assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(gpu, 9) == 2
+
+
+def test_a_gpu_instance_left_without_compute_instance_outlives_the_process_unseen_as_mig(
+    fake: FakeNvml, caps: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between creating the GPU instance and its compute instance: after restart the
+    GI is listed by nvmlDeviceGetGpuInstances but is no MIG device handle, as on a real GPU;
+    recovery must look for it there."""
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("h100-80gb-mig-empty")))
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gi_id = pynvml.nvmlGpuInstanceGetInfo(create(h, 14, (2, 2))).id  # 2g at 2+2
+    finally:
+        nvml.shutdown()
+    nvml.init(fake.driver_root)
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert error(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, h, 0) == (
+            pynvml.NVML_ERROR_NOT_FOUND
+        )
+        count = pynvml.c_uint(0)
+        gis = (pynvml.c_nvmlGpuInstance_t * 7)()
+        pynvml.nvmlDeviceGetGpuInstances(h, 14, gis, pynvml.byref(count))
+        assert count.value == 1
+        assert pynvml.nvmlGpuInstanceGetInfo(gis[0]).id == gi_id
+        assert (caps / f"gpu0/mig/gi{gi_id}/access").is_file()
+        assert not (caps / f"gpu0/mig/gi{gi_id}/ci0").exists()
+        pynvml.nvmlGpuInstanceDestroy(gis[0])
+    finally:
+        nvml.shutdown()
+    nvml.init(fake.driver_root)
+    try:  # the destroy was kept too
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetGpuInstanceRemainingCapacity(h, 14) == 3
     finally:
         nvml.shutdown()

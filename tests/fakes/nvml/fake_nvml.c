@@ -68,12 +68,19 @@
  *     recover <gpu index>                  the GPU answers again
  *     set <gpu index> <key> = <value>      change a profile key (e.g. a counter)
  *
- * MIG instances can be made and destroyed through the API (nvmlDeviceCreateGpuInstance-
- * WithPlacement, nvmlGpuInstanceCreateComputeInstance, nvmlComputeInstanceDestroy,
- * nvmlGpuInstanceDestroy) with the driver's rules; see "MIG instances made and destroyed".
+ * MIG instances can be made and destroyed through the API (nvmlDeviceCreateGpuInstance
+ * (WithPlacement), nvmlGpuInstanceCreateComputeInstance(WithPlacement),
+ * nvmlComputeInstanceDestroy, nvmlGpuInstanceDestroy, and the lookups and remaining
+ * capacities around them) with the driver's rules; see "MIG instances made and destroyed".
  * FAKE_NVML_CAPS_ROOT names a fake /proc/driver/nvidia/capabilities: the access files of
  * the instances made appear and go there. FAKE_NVML_MIG_STATE names a file that keeps the
- * instances made across processes (real instances outlive the process that made them).
+ * instances made across processes (real instances outlive the process that made them):
+ * one line per instance made through the API ("gi <gpu index> <gi id> <profile index>
+ * <start> <size> <has ci> <uuid>"), rewritten whole (temporary file + rename) after every
+ * create and destroy, read at every first nvmlInit; a process killed at any point leaves
+ * either the state before or after its last call. FAKE_NVML_MIG_MINORS names a fake
+ * /proc/driver/nvidia-caps/mig-minors ("gpuG/giI/access <minor>", "gpuG/giI/ciC/access
+ * <minor>"), written at nvmlInit; an access file's DeviceFileMinor is its minor there.
  *
  * FAKE_NVML_CALL_LOG names a file that gets one line "utilization <gpu index>" per
  * nvmlDeviceGetUtilizationRates call, so tests can count how often the GPU was sampled,
@@ -325,6 +332,7 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
 
 static gi_profile *profile_by_id(fake_dev *gpu, unsigned id, unsigned *index);
 static void load_state(void);
+static void write_mig_minors(void);
 
 /* Returns 0, or an NVML error code for nvmlInit. */
 static int load_profile(void) {
@@ -380,6 +388,7 @@ static int load_profile(void) {
             g_migs[i].profile_index = index;
     }
     load_state();
+    write_mig_minors();
     return g_init_error;
 }
 
@@ -777,11 +786,40 @@ static void write_file(const char *path, const char *text) {
     rename(tmp, path);
 }
 
+/* FAKE_NVML_MIG_MINORS names a fake /proc/driver/nvidia-caps/mig-minors, written at every
+ * first nvmlInit: like the driver's, it lists every possible access file (config, monitor,
+ * then 15 GPU instances of 8 compute instances for each GPU minor up to the highest one in
+ * the profile), not only those of instances that exist. */
+static void write_mig_minors(void) {
+    const char *path = getenv("FAKE_NVML_MIG_MINORS");
+    if (!path || !*path) return;
+    unsigned top = 0;
+    for (int i = 0; i < g_ngpus; i++)
+        if (g_gpus[i].minor > top) top = g_gpus[i].minor;
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    fputs("config 1\nmonitor 2\n", f);
+    for (unsigned g = 0; g <= top; g++) {
+        for (unsigned gi = 0; gi < 15; gi++) {
+            unsigned minor = gi_access_minor(g, gi);
+            fprintf(f, "gpu%u/gi%u/access %u\n", g, gi, minor);
+            for (unsigned ci = 0; ci < 8; ci++)
+                fprintf(f, "gpu%u/gi%u/ci%u/access %u\n", g, gi, ci, minor + 1 + ci);
+        }
+    }
+    fclose(f);
+    rename(tmp, path);
+}
+
 static void gi_dir(const fake_dev *m, char *out, size_t n) {
     snprintf(out, n, "%s/gpu%u/mig/gi%u", getenv("FAKE_NVML_CAPS_ROOT"),
              g_gpus[m->gpu].minor, m->gi);
 }
 
+/* The three lines nv_cap_procfs_read prints (open-gpu-kernel-modules,
+ * kernel-open/nvidia/nv-caps.c); 292 is 0444, the mode of MIG GI/CI access files. */
 static void caps_write(const fake_dev *m) {
     const char *root = getenv("FAKE_NVML_CAPS_ROOT");
     if (!root || !*root) return;
@@ -790,13 +828,13 @@ static void caps_write(const fake_dev *m) {
     gi_dir(m, dir, sizeof dir);
     make_dirs(dir);
     snprintf(path, sizeof path, "%s/access", dir);
-    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
     write_file(path, text);
     if (!m->has_ci) return;
     snprintf(dir + strlen(dir), sizeof dir - strlen(dir), "/ci%u", m->ci);
     make_dirs(dir);
     snprintf(path, sizeof path, "%s/access", dir);
-    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\n", minor + 1 + m->ci);
+    snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor + 1 + m->ci);
     write_file(path, text);
 }
 
@@ -1067,6 +1105,75 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstances(void *gi, unsigned profile_id, v
     if (match && cis) cis[0] = &g_cis[m - g_migs];
     *count = match ? 1 : 0;
     return NVML_SUCCESS;
+}
+
+/* Without a placement the driver picks one: here the first listed placement that is free. */
+nvmlReturn_t nvmlDeviceCreateGpuInstance(void *h, unsigned profile_id, void **out) {
+    CHECK(h, d);
+    if (!out || d->is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->mig_mode != 1) return NVML_ERROR_NOT_SUPPORTED;
+    gi_profile *p = profile_by_id(d, profile_id, NULL);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned k = 0; k < p->nplacements; k++) {
+        nvmlGpuInstancePlacement_t pl = {p->placements[k][0], p->placements[k][1]};
+        nvmlReturn_t r = nvmlDeviceCreateGpuInstanceWithPlacement(h, profile_id, &pl, out);
+        if (r != NVML_ERROR_INSUFFICIENT_RESOURCES) return r;
+    }
+    return NVML_ERROR_INSUFFICIENT_RESOURCES;
+}
+
+/* The one full-size compute instance profile of a GPU instance, or -1. */
+static int full_ci_profile(const fake_dev *m, unsigned profile_id) {
+    const gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
+    int ok = profile_id < sizeof CI_SLICES / sizeof CI_SLICES[0] && CI_SLICES[profile_id] == p->slices;
+    return ok ? (int)p->slices : -1;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(void *gi, unsigned id, void **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!m->has_ci || m->ci != id) return NVML_ERROR_NOT_FOUND;
+    *out = &g_cis[m - g_migs];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceRemainingCapacity(void *gi, unsigned profile_id,
+                                                                unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (full_ci_profile(m, profile_id) < 0) return NVML_ERROR_NOT_SUPPORTED;
+    *count = m->has_ci ? 0 : 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstancePossiblePlacements(
+    void *gi, unsigned profile_id, nvmlGpuInstancePlacement_t *out, unsigned *count) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    int slices = full_ci_profile(m, profile_id);
+    if (slices < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (out && *count < 1) {
+        *count = 1;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    if (out) out[0].start = 0, out[0].size = (unsigned)slices;
+    *count = 1;
+    return NVML_SUCCESS;
+}
+
+/* nvmlComputeInstancePlacement_t has nvmlGpuInstancePlacement_t's layout. */
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstanceWithPlacement(
+    void *gi, unsigned profile_id, const nvmlGpuInstancePlacement_t *pl, void **out) {
+    if (g_refcount == 0) return NVML_ERROR_UNINITIALIZED;
+    fake_dev *m = as_gi(gi);
+    if (!m || !pl || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    int slices = full_ci_profile(m, profile_id);
+    if (slices < 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (pl->start != 0 || pl->size != (unsigned)slices) return NVML_ERROR_INVALID_ARGUMENT;
+    return nvmlGpuInstanceCreateComputeInstance(gi, profile_id, out);
 }
 
 nvmlReturn_t nvmlComputeInstanceGetInfo_v2(void *ci, nvmlComputeInstanceInfo_t *info) {
