@@ -175,7 +175,8 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
         await monitors.start(owner, m, started)
     # Cancelled before the monitors are told to stop (the stack unwinds in reverse), so a
     # stop is never taken for a death.
-    watch = asyncio.create_task(monitors.watch(started, node), name="monitor-watch")
+    alive = monitors.running(started)
+    watch = asyncio.create_task(monitors.watch(alive, node), name="monitor-watch")
     stack.push_async_callback(_cancel, watch)
     after_step("monitors")
 

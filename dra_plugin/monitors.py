@@ -43,17 +43,23 @@ async def start(owner: VendorDriver | None, m: Monitor, started: list[Owned]) ->
         started.append((owner, m))
 
 
+def running(started: Sequence[Owned]) -> list[Owned]:
+    """The monitors whose thread runs now. Taken as soon as they have started: a thread
+    that dies later is a fault; one that never ran (none needed, or unavailable: they said
+    so when they started) is not watched."""
+    return [(o, m) for o, m in started if not m.join(0)]
+
+
 async def watch(
-    started: Sequence[Owned],
+    running: Sequence[Owned],
     node: Node,
     interval: float = WATCH_SECONDS,
 ) -> None:
-    """Notice a monitor whose thread ended while the daemon runs (an exception in a vendor's
-    own thread, which no caller sees): its devices are watched by nobody now, so they are
-    reported Unknown, the fault is logged and counted for its vendor, and the others go on.
-    Monitors without a thread of their own (none needed, or unavailable: they said so when
-    they started) are not watched."""
-    watched = [(o, m) for o, m in started if not m.join(0)]
+    """Notice a monitor of `running` whose thread ended while the daemon runs (an exception
+    in a vendor's own thread, which no caller sees): its devices are watched by nobody now,
+    so they are reported Unknown, the fault is logged and counted for its vendor, and the
+    others go on."""
+    watched = list(running)
     while watched:
         await asyncio.sleep(interval)
         for owner, m in [(o, m) for o, m in watched if m.join(0)]:

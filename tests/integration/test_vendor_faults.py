@@ -129,6 +129,8 @@ def test_an_exception_in_acmes_monitor_thread_marks_acme_unknown(cluster: Cluste
     cluster.wait_for("acme slice", lambda: cluster.published(DRIVER) == ["acme-0", "acme-1"])
     acme0 = {"driver": DRIVER, "device": "acme-0"}
     assert _scrape(port).value("dra_plugin_device_healthy", **acme0) == 1
+    # Once the daemon runs (its monitors started and watched), the thread dies.
+    cluster.wait_for("daemon running", lambda: "INFO dra_plugin.daemon: running" in daemon.logs())
     with open(root / RESCAN_FIFO, "w") as fifo:
         fifo.write("crash\n")
     cluster.wait_for(

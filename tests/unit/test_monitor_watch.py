@@ -72,8 +72,9 @@ def test_the_core_listener_is_started_again_after_its_thread_dies() -> None:
     _quiet_thread_errors()
 
     async def scenario() -> None:
-        watch = asyncio.create_task(monitors.watch([(None, core)], node, interval=0.01))
-        await asyncio.sleep(0)  # the watch takes the running monitors first
+        watch = asyncio.create_task(
+            monitors.watch(monitors.running([(None, core)]), node, interval=0.01)
+        )
         core.crash.set()
         for _ in range(500):
             if core.starts == 2:
@@ -103,9 +104,8 @@ def test_a_vendor_monitor_that_dies_reports_its_devices_unknown(caplog: Any) -> 
 
     async def scenario() -> None:
         watch = asyncio.create_task(
-            monitors.watch([(owner, mon), (owner, idle)], node, interval=0.01)
+            monitors.watch(monitors.running([(owner, mon), (owner, idle)]), node, interval=0.01)
         )
-        await asyncio.sleep(0)
         mon.crash.set()
         await asyncio.wait_for(watch, 10)  # nothing is left to watch: the task ends
 
