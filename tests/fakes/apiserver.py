@@ -56,6 +56,15 @@ MAX_ATTRS_AND_CAPS = 32
 MAX_ID = 32
 MAX_VALUE = 64
 MAX_TAINTS = 16
+# KEP-4815 partitionable devices (resource.k8s.io/v1 types.go).
+MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
+MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
+MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+MAX_COUNTERS_PER_CONSUMPTION = 32  # ResourceSliceMaxCountersPerDeviceCounterConsumption
+_RFC1123_LABEL = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or "
+    "'-', and must start and end with an alphanumeric character"
+)
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _C_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -187,6 +196,13 @@ def validate_slice(obj: Obj, version: str) -> list[tuple[str, str]]:
     node = spec.get("nodeName")
     if node is not None and node != "" and not _dns_subdomain(node):
         errs.append(("spec.nodeName", f"Invalid value: {node!r}"))
+    # Go's nil vs empty: the server refuses both keys present (null is absent), even
+    # with `devices: []`, so a counters-only slice must leave devices out.
+    if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
+        errs.append(
+            ("spec", 'Invalid value: "": only one of `sharedCounters` or `devices` is allowed')
+        )
+    errs.extend(_counter_sets_errors(spec.get("sharedCounters"), "spec.sharedCounters"))
     devices = spec.get("devices") or []
     if not isinstance(devices, list):
         return [*errs, ("spec.devices", "must be a list")]
@@ -206,6 +222,102 @@ def validate_slice(obj: Obj, version: str) -> list[tuple[str, str]]:
             errs.append((f"spec.devices[{i}]", f"Duplicate value: {dname!r}"))
         seen.add(dname)
     return errs
+
+
+def _dns_label_errors(value: Any, path: str) -> list[tuple[str, str]]:
+    if not value:
+        return [(path, "Required value")]
+    if not isinstance(value, str) or len(value) > 63 or not _DNS_LABEL.match(value):
+        return [(path, f"Invalid value: {json.dumps(value)}: {_RFC1123_LABEL}")]
+    return []
+
+
+def _counters_errors(counters: Any, limit: int, path: str) -> list[tuple[str, str]]:
+    """A counter map ({name: {"value": quantity}}): 1..limit DNS-label keys."""
+    if not counters:
+        return [(path, "Required value")]
+    if not isinstance(counters, dict):
+        return [(path, "must be an object")]
+    if len(counters) > limit:
+        # The server stops here too (a DOS guard), without looking at the entries.
+        return [(path, f"Too many: {len(counters)}: must have at most {limit} items")]
+    errs: list[tuple[str, str]] = []
+    for key, counter in counters.items():
+        kpath = f"{path}[{key}]"
+        errs.extend(_dns_label_errors(key, kpath))
+        value = counter.get("value") if isinstance(counter, dict) else None
+        if value is None:
+            errs.append((f"{kpath}.value", "Required value"))
+        elif not isinstance(value, str) or not _QUANTITY.match(value):
+            errs.append(
+                (
+                    f"{kpath}.value",
+                    f"Invalid value: {value!r}: quantities must match the regular expression",
+                )
+            )
+        elif value.startswith("-") and _qty(value) != 0:  # _qty reads the magnitude only
+            # Stricter than the server (it takes any quantity): a negative amount of a
+            # shared resource is a driver bug worth failing a test on.
+            errs.append((f"{kpath}.value", f"Invalid value: {json.dumps(value)}: must be >= 0"))
+    return errs
+
+
+def _named_list_errors(
+    items: Any, limit: int, key: str, path: str, check: Callable[[Obj, str], list[tuple[str, str]]]
+) -> list[tuple[str, str]]:
+    """validateSet: at most `limit` entries (checked first, alone), each valid, `key` unique."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        return [(path, "must be a list")]
+    if len(items) > limit:
+        return [(path, f"Too many: {len(items)}: must have at most {limit} items")]
+    errs: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        ipath = f"{path}[{i}]"
+        if not isinstance(item, dict):
+            errs.append((ipath, "must be an object"))
+            continue
+        errs.extend(check(item, ipath))
+        name = item.get(key)
+        if isinstance(name, str) and name in seen:
+            errs.append((ipath, f"Duplicate value: {json.dumps(name)}"))
+        if isinstance(name, str):
+            seen.add(name)
+    return errs
+
+
+def _counter_sets_errors(sets: Any, path: str) -> list[tuple[str, str]]:
+    """spec.sharedCounters: [{name, counters}], names unique within the slice."""
+
+    def one(item: Obj, ipath: str) -> list[tuple[str, str]]:
+        unknown = set(item) - {"name", "counters"}
+        errs = [(ipath, f"unknown field(s) {sorted(unknown)}")] if unknown else []
+        errs.extend(_dns_label_errors(item.get("name"), f"{ipath}.name"))
+        errs.extend(
+            _counters_errors(item.get("counters"), MAX_COUNTERS_PER_SET, f"{ipath}.counters")
+        )
+        return errs
+
+    return _named_list_errors(sets, MAX_COUNTER_SETS, "name", path, one)
+
+
+def _consumption_errors(consumes: Any, path: str) -> list[tuple[str, str]]:
+    """A device's consumesCounters: [{counterSet, counters}], one entry per counterSet."""
+
+    def one(item: Obj, ipath: str) -> list[tuple[str, str]]:
+        unknown = set(item) - {"counterSet", "counters"}
+        errs = [(ipath, f"unknown field(s) {sorted(unknown)}")] if unknown else []
+        errs.extend(_dns_label_errors(item.get("counterSet"), f"{ipath}.counterSet"))
+        errs.extend(
+            _counters_errors(
+                item.get("counters"), MAX_COUNTERS_PER_CONSUMPTION, f"{ipath}.counters"
+            )
+        )
+        return errs
+
+    return _named_list_errors(consumes, MAX_CONSUMPTIONS_PER_DEVICE, "counterSet", path, one)
 
 
 def _flat_device(device: Obj, version: str) -> Obj:
@@ -303,6 +415,8 @@ def _validate_device(raw: Obj, dev: Obj, path: str, version: str) -> list[tuple[
             errs.append((ppath, "Forbidden: allowMultipleAllocations must be true"))
         else:
             errs.extend(_request_policy_errors(_qty(value), policy, ppath))
+    # Paths have no `basic` even for v1beta1: the server validates its internal (v1) shape.
+    errs.extend(_consumption_errors(dev.get("consumesCounters"), f"{path}.consumesCounters"))
     taints = dev.get("taints") or []
     if len(taints) > MAX_TAINTS:
         errs.append(
