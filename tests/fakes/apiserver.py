@@ -514,17 +514,51 @@ def _request_policy_errors(capacity: Decimal, policy: Obj, path: str) -> list[tu
     return errs
 
 
-def drop_disabled_fields(obj: Obj, version: str, *, consumable_capacity: bool) -> None:
+# What gate DRAPartitionableDevices (KEP-4815) covers, on the slice and on each device.
+_PARTITIONABLE_SPEC = ("sharedCounters", "perDeviceNodeSelection")
+_PARTITIONABLE_DEVICE = ("consumesCounters", "nodeName", "nodeSelector", "allNodes")
+
+
+def drop_disabled_fields(
+    obj: Obj, version: str, *, consumable_capacity: bool, partitionable_devices: bool = True
+) -> None:
     """What the real server does before validation for gates that are off: drop the
-    gated fields silently (the client learns of it only from the object it gets back)."""
+    gated fields silently (the client learns of it only from the object it gets back).
+    On update the caller passes a gate as on when the stored slice already uses its
+    fields, as the server keeps them then."""
+    spec = obj.get("spec") or {}
+    devices = [
+        ((raw.get("basic") or {}) if version == "v1beta1" else raw)
+        for raw in spec.get("devices") or []
+        if isinstance(raw, dict)
+    ]
+    if not partitionable_devices:
+        for key in _PARTITIONABLE_SPEC:
+            spec.pop(key, None)
+        for dev in devices:
+            for key in _PARTITIONABLE_DEVICE:
+                dev.pop(key, None)
     if consumable_capacity:
         return
-    for raw in (obj.get("spec") or {}).get("devices") or []:
-        dev = (raw.get("basic") or {}) if version == "v1beta1" else raw
+    for dev in devices:
         dev.pop("allowMultipleAllocations", None)
         for cap in (dev.get("capacity") or {}).values():
             if isinstance(cap, dict):
                 cap.pop("requestPolicy", None)
+
+
+def partitionable_in_use(obj: Obj | None) -> bool:
+    """Whether a stored (v1) slice uses DRAPartitionableDevices fields."""
+    if obj is None:
+        return False
+    spec = obj.get("spec") or {}
+    if spec.get("sharedCounters") or spec.get("perDeviceNodeSelection") is not None:
+        return True
+    return any(
+        dev.get("consumesCounters")
+        or any(dev.get(k) is not None for k in _PARTITIONABLE_DEVICE[1:])
+        for dev in spec.get("devices") or []
+    )
 
 
 # --- version conversion: stored objects are v1-shaped -----------------------------------
@@ -684,6 +718,7 @@ class FakeAPIServer:
         history: int = 10000,
         git_version: str = "v1.35.0",
         consumable_capacity: bool = True,
+        partitionable_devices: bool = True,
     ) -> None:
         self.versions = tuple(v for v in ALL_VERSIONS if v in set(versions))
         self.host = host
@@ -692,6 +727,10 @@ class FakeAPIServer:
         # Feature gate DRAConsumableCapacity (beta, on by default from 1.36): when off, the
         # server drops allowMultipleAllocations, requestPolicy and claims' shareID.
         self.consumable_capacity = consumable_capacity
+        # Feature gate DRAPartitionableDevices (KEP-4815; off on clusters that have not
+        # enabled it): when off, the server drops sharedCounters, consumesCounters and
+        # per-device node selection. An attribute, so a test can flip it at runtime.
+        self.partitionable_devices = partitionable_devices
         # (verb, group, resource) triples a SelfSubjectAccessReview allows; None: allow all.
         self.allow: set[tuple[str, str, str]] | None = set(allow) if allow is not None else None
         self.lock = threading.Condition()
@@ -973,7 +1012,12 @@ class FakeAPIServer:
             alphabet = "bcdfghjklmnpqrstvwxz2456789"
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
-        drop_disabled_fields(body, version, consumable_capacity=self.consumable_capacity)
+        drop_disabled_fields(
+            body,
+            version,
+            consumable_capacity=self.consumable_capacity,
+            partitionable_devices=self.partitionable_devices,
+        )
         self._validate(version, body, name)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
@@ -1012,7 +1056,14 @@ class FakeAPIServer:
                 "the name of the object "
                 f"({meta.get('name')}) does not match the name on the URL ({name})",
             )
-        drop_disabled_fields(body, version, consumable_capacity=self.consumable_capacity)
+        with self.lock:
+            in_use = partitionable_in_use(self.slices.get(name))
+        drop_disabled_fields(
+            body,
+            version,
+            consumable_capacity=self.consumable_capacity,
+            partitionable_devices=self.partitionable_devices or in_use,
+        )
         self._validate(version, body, name)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
