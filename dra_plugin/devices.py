@@ -22,6 +22,9 @@ MAX_STRING_ATTRIBUTE = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_DEVICE_NAME = 63
 MAX_DRIVER_NAME = 63
+# KEP-4815 limits (ResourceSliceMaxDeviceCounterConsumptionsPerDevice, ...PerCounterSet).
+MAX_COUNTER_CONSUMPTIONS = 2
+MAX_COUNTERS_PER_SET = 32
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -118,6 +121,15 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class CounterSet:
+    """A pool's shared counters (KEP-4815 partitionable devices): what devices that
+    consume from it may use together. Published in a slice of its own."""
+
+    name: str
+    counters: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
 class Device:
     """One allocatable device as published in a ResourceSlice.
 
@@ -139,6 +151,9 @@ class Device:
     shared_nodes: tuple[DeviceNode, ...] = ()
     # Vendor details the renderers need but that are not published (e.g. NVIDIA minor).
     extra: tuple[tuple[str, str], ...] = field(default=(), compare=True)
+    # KEP-4815: the counters this device uses while allocated, per counter set. Two
+    # devices are allocated together only while their sums stay within the sets.
+    consumes: tuple[tuple[CounterSet, tuple[tuple[str, int], ...]], ...] = ()
 
     @property
     def attrs(self) -> dict[str, AttrValue]:
@@ -171,6 +186,7 @@ def make_device(
     health_reason: str = "",
     extra: Mapping[str, str] | None = None,
     shared_nodes: Iterable[DeviceNode] = (),
+    consumes: Iterable[tuple[CounterSet, Mapping[str, int]]] = (),
 ) -> Device:
     """Build a Device, dropping attributes/capacities whose value is unknown (None)."""
     return Device(
@@ -186,6 +202,7 @@ def make_device(
         health_reason=health_reason,
         shared_nodes=tuple(shared_nodes),
         extra=tuple(sorted((extra or {}).items())),
+        consumes=tuple((cs, tuple(sorted(used.items()))) for cs, used in consumes),
     )
 
 
@@ -218,6 +235,25 @@ def validate_device(device: Device) -> None:
             raise InvalidDeviceError(f"{who}: capacity name {key!r} is not a C identifier <= 32")
         if amount < 0:
             raise InvalidDeviceError(f"{who}: capacity {key} is negative")
+    if len(device.consumes) > MAX_COUNTER_CONSUMPTIONS:
+        raise InvalidDeviceError(
+            f"{who}: consumes from {len(device.consumes)} counter sets, "
+            f"limit {MAX_COUNTER_CONSUMPTIONS}"
+        )
+    for counter_set, used in device.consumes:
+        totals = dict(counter_set.counters)
+        if not is_dns_label(counter_set.name):
+            raise InvalidDeviceError(f"{who}: counter set {counter_set.name!r} is not a DNS label")
+        if not 0 < len(used) <= MAX_COUNTERS_PER_SET or len(totals) > MAX_COUNTERS_PER_SET:
+            raise InvalidDeviceError(
+                f"{who}: counter set {counter_set.name} needs 1 to {MAX_COUNTERS_PER_SET} counters"
+            )
+        for counter, n in used:
+            if not is_dns_label(counter) or n < 0 or counter not in totals:
+                raise InvalidDeviceError(
+                    f"{who}: counter {counter!r} of set {counter_set.name} is not in the set"
+                    " (or negative, or not a DNS label)"
+                )
 
 
 def truncate(value: str, limit: int = MAX_STRING_ATTRIBUTE) -> str:

@@ -17,12 +17,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
-from dra_plugin.devices import Device, Health, Version, validate_device
+from dra_plugin.devices import CounterSet, Device, Health, Version, validate_device
 from dra_plugin.kubeapi import RESOURCE_GROUP
 from dra_plugin.quantity import canonical_quantity, parse_quantity
 from dra_plugin.sharing import Sharing, shared_capacity
 from dra_plugin.slices.rules import (
     HEALTH_ATTRIBUTE,
+    MAX_COUNTER_SETS_PER_SLICE,
     MAX_DEVICES_PER_SLICE,
     MAX_DEVICES_PER_SLICE_WITH_TAINTS,
     MAX_GENERATE_NAME,
@@ -98,6 +99,11 @@ def device_fields(
 ) -> Obj:
     """The version-neutral device body (attributes, capacity, taints) without the name."""
     body: Obj = {"attributes": published_attributes(device)}
+    if device.consumes:  # a partition is used whole: never shared
+        sharing = None
+        body["consumesCounters"] = [
+            {"counterSet": cs.name, "counters": _counters(used)} for cs, used in device.consumes
+        ]
     if sharing is not None:
         body["allowMultipleAllocations"] = True
         body["capacity"] = shared_capacity(dict(device.capacity), sharing)
@@ -110,6 +116,24 @@ def device_fields(
             taint["value"] = reason
         body["taints"] = [taint]
     return body
+
+
+def _counters(counters: Iterable[tuple[str, int]]) -> Obj:
+    return {name: {"value": canonical_quantity(n)} for name, n in counters}
+
+
+def counter_sets(devices: Iterable[Device]) -> list[CounterSet]:
+    """The counter sets `devices` consume from, by name; a name given two contents is
+    a bug of the vendor that would let the scheduler count against the wrong totals."""
+    sets: dict[str, CounterSet] = {}
+    for dev in devices:
+        for cs, _ in dev.consumes:
+            if sets.setdefault(cs.name, cs) != cs:
+                raise SliceValidationError(
+                    f"device {dev.name!r} of driver {dev.driver}: counter set {cs.name} "
+                    "differs from another device's"
+                )
+    return [sets[n] for n in sorted(sets, key=_natural_key)]
 
 
 def _device_object(name: str, body: Obj, api_version: str) -> Obj:
@@ -129,26 +153,38 @@ def desired_slices(
     taint_effect: str = "NoSchedule",
     now: datetime | None = None,
     sharing: Sharing | None = None,
+    counters: bool = True,
 ) -> list[Obj]:
     """The ResourceSlices that publish `devices` of `driver` on `node_name`.
 
     Always at least one slice (an empty pool says "driver running, no devices"). Without
     a node UID (offline `discover`) the owner reference is left out. With `sharing`, every
-    device is published for shared use. Raises SliceValidationError/InvalidDeviceError
-    naming the device and the rule it breaks.
+    device is published for shared use (but partitions). Raises SliceValidationError/
+    InvalidDeviceError naming the device and the rule it breaks.
+
+    Devices that consume counters (KEP-4815) are published only in v1 and with
+    `counters` (False: the server drops the fields, and without them the scheduler would
+    hand out overlapping partitions). Their counter sets go first, in slices of their
+    own (1.35+: a slice holds devices or counter sets, at most 8), then the devices.
     """
     if taint_effect not in TAINT_EFFECTS:
         raise ValueError(f"taint effect {taint_effect!r} is not one of {TAINT_EFFECTS}")
     stamp = _rfc3339(now)
-    ordered = sorted(devices, key=lambda d: _natural_key(d.name))
+    keep_counters = counters and api_version == "v1"
+    ordered = sorted(
+        (d for d in devices if keep_counters or not d.consumes), key=lambda d: _natural_key(d.name)
+    )
+    sets = counter_sets(ordered)
     bodies = []
     for dev in ordered:
         validate_device(dev)
         bodies.append((dev.name, device_fields(dev, driver, taint_effect, stamp, sharing)))
     # Fixed by configuration, not by current health: see the module docstring.
-    may_taint = taint_effect != "None"
+    may_taint = taint_effect != "None" or bool(sets)
     per_slice = MAX_DEVICES_PER_SLICE_WITH_TAINTS if may_taint else MAX_DEVICES_PER_SLICE
     chunks = [bodies[i : i + per_slice] for i in range(0, len(bodies), per_slice)] or [[]]
+    step = MAX_COUNTER_SETS_PER_SLICE
+    set_chunks = [sets[i : i + step] for i in range(0, len(sets), step)]
     metadata: Obj = {
         "generateName": generate_name(node_name, driver),
         "labels": {MANAGED_BY_LABEL: MANAGED_BY},
@@ -156,16 +192,17 @@ def desired_slices(
     if node_uid:
         metadata["ownerReferences"] = [node_owner(node_name, node_uid)]
     out = []
-    for chunk in chunks:
+    count = len(set_chunks) + len(chunks)
+    for set_chunk, chunk in [(s, []) for s in set_chunks] + [([], c) for c in chunks]:
         spec: Obj = {
             "driver": driver,
             "nodeName": node_name,
-            "pool": {
-                "name": node_name,
-                "generation": generation,
-                "resourceSliceCount": len(chunks),
-            },
+            "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
         }
+        if set_chunk:
+            spec["sharedCounters"] = [
+                {"name": cs.name, "counters": _counters(cs.counters)} for cs in set_chunk
+            ]
         if chunk:
             spec["devices"] = [_device_object(n, b, api_version) for n, b in chunk]
         obj = {

@@ -19,14 +19,8 @@ from dataclasses import dataclass, field
 from dra_plugin.devices import Device, InvalidDeviceError
 from dra_plugin.kubeapi import ApiError, Backoff, ConflictError, KubeAPI, NotFoundError
 from dra_plugin.sharing import Sharing
-from dra_plugin.slices.build import (
-    Obj,
-    content_key,
-    desired_slices,
-    flat_device,
-    plan_sync,
-    strip_taints,
-)
+from dra_plugin.slices.build import Obj, desired_slices, plan_sync, strip_taints
+from dra_plugin.slices.gates import Gates
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -74,10 +68,8 @@ class SlicePublisher:
         self._dirty = {d: asyncio.Event() for d in self.drivers}
         self._idle = {d: asyncio.Event() for d in self.drivers}
         self._last_generation: dict[str, int] = {}
-        self._drops_taints: set[str] = set()
         self._sharing = dict(sharing or {})
-        self._drops_sharing: set[str] = set()  # the server does not keep consumable capacity
-        self._probed_sharing: set[str] = set()  # a dry run told whether the server keeps it
+        self._gates = Gates(api)  # what the server drops, learned from its answers
         self._own_rvs: deque[str] = deque(maxlen=4096)  # echoes of our own writes
         self._own_deletes: deque[str] = deque(maxlen=1024)
         # Watch events that arrive while we write may be our own echoes whose
@@ -230,12 +222,13 @@ class SlicePublisher:
             generation=1,
             taint_effect=self.taint_effect,
             sharing=self.sharing(driver),
+            counters=self.partitions(driver),
         )
-        if driver in self._drops_taints:
+        if driver in self._gates.drops_taints:
             strip_taints(desired)
         plan = plan_sync(existing, desired, min_generation=self._last_generation.get(driver, 0))
-        if plan.writes and await self._server_drops_sharing(driver, desired):
-            return await self._reconcile(driver)  # as exclusive devices, before any write
+        if plan.writes and await self._gates.probe(driver, desired, self.sharing(driver)):
+            return await self._reconcile(driver)  # without what it drops, before any write
         if not plan.writes:
             self._last_generation[driver] = plan.generation
             self.stats.generations[driver] = plan.generation
@@ -249,18 +242,18 @@ class SlicePublisher:
             len(plan.deletes),
         )
         # Updates and creates first, deletes last: the pool is never emptier than needed.
-        shared = self.sharing(driver) is not None
+        dropped = self._gates.dropped(driver)
         for obj in plan.updates:
             self._note_write(driver, obj, await self._api.update_slice(obj))
             self.stats.updates += 1
             metrics.slice_write(driver, "update")
-            if shared and driver in self._drops_sharing:
-                return await self._reconcile(driver)  # at once, as exclusive devices
+            if self._gates.dropped(driver) != dropped:
+                return await self._reconcile(driver)  # at once, without what was dropped
         for obj in plan.creates:
             self._note_write(driver, obj, await self._api.create_slice(obj))
             self.stats.creates += 1
             metrics.slice_write(driver, "create")
-            if shared and driver in self._drops_sharing:
+            if self._gates.dropped(driver) != dropped:
                 return await self._reconcile(driver)
         for name, rv in plan.deletes:
             self._own_deletes.append(name)
@@ -275,69 +268,19 @@ class SlicePublisher:
 
     def sharing(self, driver: str) -> Sharing | None:
         """How `driver` publishes its devices now (None: exclusive, also after fallback)."""
-        return None if driver in self._drops_sharing else self._sharing.get(driver)
+        return self._gates.sharing(driver, self._sharing.get(driver))
 
-    async def _server_drops_sharing(self, driver: str, desired: list[Obj]) -> bool:
-        """Once per driver, before the first write of shared devices: a dry-run create
-        shows whether the server keeps consumable capacity, so a gate-off cluster never
-        stores a shared slice and a restart there writes nothing."""
-        if driver in self._probed_sharing or self.sharing(driver) is None:
-            return False
-        probe = next((obj for obj in desired if _multi(obj)), None)
-        if probe is None:
-            return False
-        got = await self._api.create_slice(probe, dry_run=True)
-        self._probed_sharing.add(driver)
-        if _multi(got):
-            return False
-        self._fall_back_to_exclusive(driver)
-        return True
-
-    def _fall_back_to_exclusive(self, driver: str) -> None:
-        # Like the taint case below: the server drops fields behind a feature gate.
-        # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
-        self._drops_sharing.add(driver)
-        log.error(
-            "the API server dropped allowMultipleAllocations and the capacity request "
-            "policies: GPU sharing needs the DRAConsumableCapacity feature gate (beta "
-            "and on by default from Kubernetes 1.36, alpha in 1.34-1.35) on the API "
-            "server, scheduler and kubelet; publishing driver=%s devices for exclusive "
-            "use (one claim per device). Enable the gate and restart the plugin, or set "
-            "the sharing mode to exclusive to silence this",
-            driver,
-        )
+    def partitions(self, driver: str) -> bool:
+        """Whether `driver`'s devices that consume counters are published (False after
+        the server was seen to drop the fields)."""
+        return driver not in self._gates.drops_counters
 
     def _note_write(self, driver: str, sent: Obj, got: Obj) -> None:
         self.stats.writes += 1
         rv = str(got.get("metadata", {}).get("resourceVersion", ""))
         if rv:
             self._own_rvs.append(rv)
-        if _multi(sent) and not _multi(got):
-            # The dry run said otherwise (a server upgraded or downgraded meanwhile).
-            self._fall_back_to_exclusive(driver)
-            return
-        if content_key(sent) != content_key(got) and driver not in self._drops_taints:
-            sent_taints = any(
-                flat_device(d).get("taints") for d in sent["spec"].get("devices") or []
-            )
-            got_taints = any(
-                flat_device(d).get("taints") for d in got.get("spec", {}).get("devices") or []
-            )
-            if sent_taints and not got_taints:
-                # Like the upstream controller's DroppedFieldsError: without this we would
-                # rewrite forever. Health stays visible through the `health` attribute.
-                self._drops_taints.add(driver)
-                log.warning(
-                    "the API server dropped device taints (feature gate "
-                    "DRADeviceTaints disabled?); publishing without taints driver=%s",
-                    driver,
-                )
-            else:
-                log.warning(
-                    "the API server changed the slice we wrote driver=%s name=%s",
-                    driver,
-                    got.get("metadata", {}).get("name"),
-                )
+        self._gates.note_write(driver, sent, got)
 
     async def _watch(self) -> None:
         async for event in self._api.watch_slices(self.node_name, resource_version=self._start_rv):
@@ -374,10 +317,3 @@ class SlicePublisher:
             for driver in self.drivers:
                 if self._devices[driver] is not None:
                     self._mark(driver)
-
-
-def _multi(obj: Obj) -> bool:
-    return any(
-        flat_device(d).get("allowMultipleAllocations") is True
-        for d in obj.get("spec", {}).get("devices") or []
-    )

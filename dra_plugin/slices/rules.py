@@ -25,6 +25,9 @@ Obj = dict[str, Any]
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
 MAX_TAINTS_PER_DEVICE = 16
+MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
+MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
+MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING = 64
 MAX_GENERATE_NAME = 58  # the server cuts generateName here before adding 5 random chars
@@ -97,12 +100,13 @@ def validate_slice(obj: Obj) -> None:
     if gen_name and (len(gen_name) > MAX_GENERATE_NAME or not is_dns_subdomain(gen_name + "x")):
         fail(f"generateName {gen_name!r} must be a DNS subdomain prefix of <= 58 characters")
     devices = [flat_device(d) for d in spec.get("devices") or []]
-    tainted = any(d.get("taints") for d in devices)
+    _validate_counter_sets(spec.get("sharedCounters") or [], bool(devices), fail)
+    tainted = any(d.get("taints") or d.get("consumesCounters") for d in devices)
     limit = MAX_DEVICES_PER_SLICE_WITH_TAINTS if tainted else MAX_DEVICES_PER_SLICE
     if len(devices) > limit:
         fail(
             f"{len(devices)} devices; a slice holds at most {limit}"
-            + (" when a device has taints" if tainted else "")
+            + (" when a device has taints or consumes counters" if tainted else "")
         )
     seen: set[str] = set()
     for dev in devices:
@@ -113,6 +117,37 @@ def validate_slice(obj: Obj) -> None:
             fail("device name appears twice in the slice", name)
         seen.add(name)
         _validate_device_fields(dev, name, fail)
+
+
+def _counters_problem(counters: Obj) -> str | None:
+    if not 0 < len(counters) <= MAX_COUNTERS_PER_SET:
+        return f"{len(counters)} counters, must be 1 to {MAX_COUNTERS_PER_SET}"
+    for key, counter in counters.items():
+        if not is_dns_label(key):
+            return f"counter name {key!r} is not a DNS label"
+        try:
+            if parse_quantity(str((counter or {}).get("value"))) < 0:
+                return f"counter {key!r} is negative"
+        except ValueError:
+            return f"counter {key!r} value is not a quantity"
+    return None
+
+
+def _validate_counter_sets(sets: list[Obj], has_devices: bool, fail: Any) -> None:
+    """KEP-4815 as 1.35+ checks it: counter sets live in slices without devices."""
+    if not sets:
+        return
+    if has_devices:
+        fail("only one of devices and sharedCounters may be set in a slice")
+    if len(sets) > MAX_COUNTER_SETS_PER_SLICE:
+        fail(f"{len(sets)} counter sets, limit {MAX_COUNTER_SETS_PER_SLICE}")
+    names = [str(cs.get("name", "")) for cs in sets]
+    for cs, name in zip(sets, names, strict=True):
+        if not is_dns_label(name) or names.count(name) > 1:
+            fail(f"counter set name {name!r} must be a unique DNS label")
+        problem = _counters_problem(cs.get("counters") or {})
+        if problem:
+            fail(f"counter set {name}: {problem}")
 
 
 def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
@@ -155,6 +190,13 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
             problem = request_policy_problem(value, policy)
             if problem:
                 fail(f"capacity {key!r} requestPolicy: {problem}", name)
+    uses = dev.get("consumesCounters") or []
+    if len(uses) > MAX_CONSUMPTIONS_PER_DEVICE:
+        fail(f"consumes from {len(uses)} counter sets, limit {MAX_CONSUMPTIONS_PER_DEVICE}", name)
+    for use in uses:
+        problem = _counters_problem(use.get("counters") or {})
+        if problem:
+            fail(f"consumesCounters {use.get('counterSet')!r}: {problem}", name)
     taints = dev.get("taints") or []
     if len(taints) > MAX_TAINTS_PER_DEVICE:
         fail(f"{len(taints)} taints, limit {MAX_TAINTS_PER_DEVICE}", name)

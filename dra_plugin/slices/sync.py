@@ -32,6 +32,11 @@ def _normal_device(device: Obj) -> Obj:
             if isinstance(cap.get("requestPolicy"), dict):
                 cap["requestPolicy"] = normal_policy(cap["requestPolicy"])
         dev["capacity"] = caps
+    if dev.get("consumesCounters"):
+        dev["consumesCounters"] = [
+            {**use, "counters": normal_counters(use.get("counters") or {})}
+            for use in dev["consumesCounters"]
+        ]
     if dev.get("taints"):
         taints = []
         for t in dev["taints"]:
@@ -39,6 +44,17 @@ def _normal_device(device: Obj) -> Obj:
             taints.append({k: v for k, v in t.items() if k != "timeAdded" and (k != "value" or v)})
         dev["taints"] = taints
     return {k: v for k, v in dev.items() if v not in (None, {}, [])}
+
+
+def normal_counters(counters: Obj) -> Obj:
+    """Counter values as one spelling of their quantity ("1" and "1000m" are equal)."""
+    out = {}
+    for name, counter in counters.items():
+        value = (counter or {}).get("value")
+        with contextlib.suppress(ValueError):
+            value = str(parse_quantity(str(value)).normalize())
+        out[name] = {"value": value}
+    return out
 
 
 def content_key(obj: Obj) -> str:
@@ -50,6 +66,10 @@ def content_key(obj: Obj) -> str:
             "nodeName": spec.get("nodeName"),
             "pool": (spec.get("pool") or {}).get("name"),
             "devices": [_normal_device(d) for d in spec.get("devices") or []],
+            "sharedCounters": [
+                {**cs, "counters": normal_counters(cs.get("counters") or {})}
+                for cs in spec.get("sharedCounters") or []
+            ],
         },
         sort_keys=True,
     )

@@ -77,6 +77,13 @@ _CHECKPOINT_DAMAGE = Counter(
     ["driver", "file", "reason"],
     registry=REGISTRY,
 )
+_FIELDS_DROPPED = Gauge(
+    "dra_plugin_api_fields_dropped",
+    "1 while the API server drops a ResourceSlice feature's fields and this driver "
+    "publishes without them (feature: the gate's name)",
+    ["driver", "feature"],
+    registry=REGISTRY,
+)
 _VENDOR_FAULTS = Counter(
     "dra_plugin_vendor_faults_total",
     "unexpected exceptions in a vendor's code, contained to its driver, by stage: "
@@ -124,6 +131,10 @@ def api_retry(reason: str) -> None:
 
 def checkpoint_damage(driver: str, file: str, reason: str) -> None:
     _CHECKPOINT_DAMAGE.labels(driver, file, reason).inc()
+
+
+def fields_dropped(driver: str, feature: str) -> None:
+    _FIELDS_DROPPED.labels(driver=driver, feature=feature).set(1)
 
 
 def vendor_fault(

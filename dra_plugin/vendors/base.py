@@ -16,7 +16,7 @@ over the enabled drivers and calls these hooks; it never names a vendor.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
@@ -104,6 +104,35 @@ class MonitorHooks:
     # Subscribe to every DRM card uevent (GPU hang/reset/wedge notices, (re)binds) from
     # the core's one udev listener; the handler runs in the listener's thread.
     drm_events: Callable[[DrmEventHandler], None] = _no_drm_events
+
+
+class MakeError(Exception):
+    """A device made on demand could not be made or destroyed; the message names the
+    device and why (a claim's error, never the daemon's)."""
+
+
+class OnDemand(Protocol):
+    """Devices a driver makes when a claim is prepared and destroys when it is
+    unprepared (partitions of a GPU made on demand). The core calls these with the claim's
+    lock held, off the event loop, after recording its intent: a `started` claim before
+    `make`, an `unpreparing` one before `release`, so a crash at any point is settled
+    by the next start (`reconcile`)."""
+
+    def make(self, claim_uid: str, devices: Sequence[Device]) -> list[Device]:
+        """`devices` as the claim gets them: those made on demand are made now (or found,
+        made earlier for this claim) and come back with their nodes and IDs; the others
+        unchanged. On failure undoes what this call made and raises MakeError."""
+        ...
+
+    def release(self, claim_uid: str) -> None:
+        """Destroy what was made for the claim (nothing made: nothing to do). Raises
+        MakeError when something stays (the claim stays `unpreparing`; retried)."""
+        ...
+
+    def reconcile(self, held: Mapping[str, frozenset[str]]) -> None:
+        """At start-up, with the record settled: destroy what was made for claims not in
+        `held` (claim uid -> its device names), keep what held claims use."""
+        ...
 
 
 class ReadError(Exception):
@@ -232,6 +261,11 @@ class Driver(ABC):
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         """This driver's node checks."""
         return []
+
+    def on_demand(self, state_dir: Path, boot_id: str) -> OnDemand | None:
+        """What makes this driver's devices on demand, keeping its own record in
+        `state_dir` (the driver's plugin dir); None: every device exists already."""
+        return None
 
 
 def as_driver(driver: Driver, kind: type[D]) -> D:

@@ -170,6 +170,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.nvidia.sharing.memory | default false | quote }}
 - name: NVIDIA_VFIO
   value: {{ .Values.nvidia.vfio.enabled | quote }}
+- name: NVIDIA_MIG_PARTITIONS
+  value: {{ .Values.nvidia.migPartitions.enabled | quote }}
 - name: NVIDIA_CDI_STRATEGY
   value: {{ .Values.nvidia.cdiStrategy | quote }}
 - name: NVIDIA_TOOLKIT_CDI_DIRS

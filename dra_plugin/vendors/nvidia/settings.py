@@ -70,6 +70,16 @@ OPTIONS = (
     ),
     vfio_option(NVIDIA, "NVIDIA", "vfio-pci", "type vfio, "),
     Option(
+        "--nvidia-mig-partitions",
+        "NVIDIA_MIG_PARTITIONS",
+        "GPUs in MIG mode publish every MIG placement as a partitionable device (KEP-4815, "
+        "needs the DRAPartitionableDevices gate); the MIG instance is made when a claim is "
+        "prepared and destroyed when it is unprepared",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,
+    ),
+    Option(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
@@ -89,6 +99,7 @@ class NvidiaSettings:
     shared_memory: bool = False
     xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
     vfio: bool = False  # publish VFIO-bound GPUs (found through udev, not NVML)
+    mig_partitions: bool = False  # MIG placements published, instances made on demand
 
     @property
     def sharing(self) -> Sharing | None:
@@ -105,6 +116,14 @@ class NvidiaSettings:
                 f"{shown(raw, 'xid_ignore')} is not a comma list of integers"
             ) from None
         mode, shares = parse_shares(NVIDIA, raw)
+        partitions = raw["nvidia_mig_partitions"] == "true"
+        if partitions and mode == SHARED:
+            # A MIG instance made for a claim is that claim's; NVIDIA's DynamicMIG
+            # excludes MPS sharing the same way.
+            raise ConfigError(
+                f"{shown(raw, 'nvidia_mig_partitions')} cannot be combined with "
+                f"{shown(raw, 'nvidia_sharing')}: partitions made on demand are never shared"
+            )
         # Relative paths would be read relative to wherever the process was started.
         dirs = split(raw["nvidia_toolkit_cdi_dirs"])
         if any(not d.startswith("/") for d in dirs):
@@ -121,4 +140,5 @@ class NvidiaSettings:
             shared_memory=raw["nvidia_shared_memory"] == "true",
             xid_ignore=xids,
             vfio=parse_vfio(NVIDIA, raw),
+            mig_partitions=partitions,
         )
