@@ -27,6 +27,7 @@ from pathlib import Path
 
 from dra_plugin import inventory, monitors
 from dra_plugin.cdi.claims import CdiOptions, ClaimEdits
+from dra_plugin.checkpoint.snapshot import read_boot_id
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.config import Config
@@ -49,7 +50,7 @@ from dra_plugin.telemetry import metrics
 from dra_plugin.telemetry.claimholders import ClaimHolders
 from dra_plugin.telemetry.sampler import Sampler
 from dra_plugin.vendors.base import Driver as VendorDriver
-from dra_plugin.vendors.base import Monitor, MonitorHooks, TelemetryReader, Vendor
+from dra_plugin.vendors.base import Monitor, MonitorHooks, OnDemand, TelemetryReader, Vendor
 
 log = logging.getLogger(__name__)
 STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
@@ -71,6 +72,7 @@ class Driver:
     reporter: ClaimStatusReporter | None = None
     server: server.DriverServer | None = None
     monitors: list[Monitor] = field(default_factory=list)
+    on_demand: OnDemand | None = None  # what makes its devices on demand (MIG instances)
 
     @property
     def vendor(self) -> Vendor:
@@ -119,7 +121,11 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
     after_step("bind")
 
-    # 2. Discovery, logged once per vendor.
+    # 2. Discovery, logged once per vendor; what a driver makes on demand (its own record
+    #    read first, so discovery knows the instances it made).
+    boot_id = read_boot_id()
+    for d in drivers:
+        d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id)
     inv = await asyncio.to_thread(inventory.discover, cfg)
     for note in inv.notes:
         log.warning("%s", note)
@@ -249,6 +255,7 @@ async def _claims(
         on_held=on_held,
         sharing=d.bound.sharing,
         device_metadata=cfg.device_metadata,
+        on_demand=d.on_demand,
     )
     await d.preparer.startup()
     d.reporter = ClaimStatusReporter(

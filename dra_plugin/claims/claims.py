@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,12 +37,14 @@ from dra_plugin.claims.contract import (
     prepared_result,
 )
 from dra_plugin.claims.fetch import FetchClaim, Fetched, FetchFailed, fetch_all, known_completed
-from dra_plugin.claims.groupcommit import GroupCommit, runs
+from dra_plugin.claims.groupcommit import GroupCommit, JobKind, runs
+from dra_plugin.claims.made import MadeDevices
 from dra_plugin.claims.prepwrite import SpecWriter
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry import metrics
+from dra_plugin.vendors.base import MakeError, OnDemand
 
 __all__ = [
     "ClaimError",
@@ -61,14 +62,6 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
 ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
-
-
-class JobKind(StrEnum):
-    """What one kubelet call waiting for the lock asks for."""
-
-    PREPARE = "prepare"
-    UNPREPARE = "unprepare"
-    STARTUP = "startup"
 
 
 @dataclass
@@ -105,6 +98,7 @@ class ClaimPreparer:
         boot_id: Callable[[], str] = read_boot_id,
         sharing: Sharing | None = None,
         device_metadata: bool = False,
+        on_demand: OnDemand | None = None,
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -121,6 +115,8 @@ class ClaimPreparer:
         self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
+        # Devices made at prepare, destroyed at unprepare (MIG instances made on demand).
+        self._made = MadeDevices(on_demand, self._render, self._metadata)
         self._writer = SpecWriter(
             self._checkpoint,
             cdi_root,
@@ -128,6 +124,7 @@ class ClaimPreparer:
             self._metadata,
             self._step,
             lambda state: self._drop_settled(state, after_crash=False),
+            self._made.made if on_demand is not None else None,
         )
         self.held: set[str] = set()
 
@@ -256,7 +253,7 @@ class ClaimPreparer:
                 self._checkpoint.put(written)
             except OSError as exc:  # the next pass tries again; until then they stay held
                 log.error("cannot record kept claims in the checkpoint: %s", exc)
-        dropped = recovery.settle(state, self.cdi_root, self._metadata.remove_record)
+        dropped = recovery.settle(state, self.cdi_root, self._made.remove_owned)
         try:
             self._checkpoint.drop(dropped)
         except OSError as exc:
@@ -272,6 +269,7 @@ class ClaimPreparer:
         intact = self._checkpoint.damage is None and not adopted
         recovery.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
         self._metadata.collect_orphans(state.claims.values())
+        self._made.reconcile(state)
 
     def _rebuild(self) -> dict[str, ClaimRecord]:
         return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
@@ -312,11 +310,12 @@ class ClaimPreparer:
             rec = state.claims.get(ref.uid)
             if rec is not None and rec.state == COMPLETED and not rec.recovered:
                 try:
-                    out[ref.uid] = prepared_result(self._writer.ensure(rec, devices, self._render))
+                    ensured = self._writer.ensure(rec, devices, self._made.render_ensured)
+                    out[ref.uid] = prepared_result(ensured)
                 except OSError as exc:
                     why = diskerrors.cdi_dir(self.cdi_root, exc, "cannot re-create its CDI spec")
                     out[ref.uid] = PrepareResult(error=f"{ref}: {why}")
-                except cdi.CdiError as exc:
+                except (cdi.CdiError, MakeError) as exc:
                     out[ref.uid] = PrepareResult(error=f"{ref}: {exc}")
                 continue
             got = fetched.get(ref.uid)
@@ -393,4 +392,5 @@ class ClaimPreparer:
             state_dir=self.state_dir,
             metadata=self._metadata,
             step=self._step,
+            release=self._made.release,
         )

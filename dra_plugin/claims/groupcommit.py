@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from enum import StrEnum
 from typing import Generic, TypeVar
 
 J = TypeVar("J")
@@ -36,6 +37,14 @@ def runs(items: Sequence[J], key: Callable[[J], K]) -> Iterator[list[J]]:
         run.append(item)
     if run:
         yield run
+
+
+class JobKind(StrEnum):
+    """What one kubelet call waiting for the lock asks for."""
+
+    PREPARE = "prepare"
+    UNPREPARE = "unprepare"
+    STARTUP = "startup"
 
 
 class GroupCommit(Generic[J, R]):

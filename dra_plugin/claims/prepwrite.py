@@ -32,6 +32,9 @@ from dra_plugin.host.files import batched_dir_syncs
 log = logging.getLogger(__name__)
 
 Pending = dict[str, tuple[ClaimRecord, cdi.RenderedSpec]]
+Made = Callable[
+    [ClaimRecord, cdi.RenderedSpec, Mapping[str, Device]], tuple[ClaimRecord, cdi.RenderedSpec]
+]
 
 
 @dataclass
@@ -42,6 +45,9 @@ class SpecWriter:
     metadata: MetadataFiles
     step: Callable[[str], None]
     settle: Callable[[State], list[str]]  # undo `started` entries; the uids it dropped
+    # Devices made on demand, after the `started` entry: (record, spec) made and rendered
+    # again; raises (MakeError) as that claim's error, having undone what it made.
+    make: Made | None = None
 
     def commit(
         self,
@@ -56,12 +62,20 @@ class SpecWriter:
         if not self._record(state, [rec for rec, _ in pending.values()], out, durable=False):
             return
         self.step("claim-started")
+        failed: list[str] = []
+        if self.make is not None:
+            for uid, (rec, rendered) in list(pending.items()):
+                try:
+                    pending[uid] = self.make(rec, rendered, devices)
+                except Exception as exc:  # noqa: BLE001 - one claim's failure is its own
+                    del pending[uid]
+                    out[uid] = PrepareResult(error=f"{who(rec)}: {exc}")
+                    failed.append(uid)
         # Phase 2: the spec files, renamed into place, not fsync'd (nor the CDI dir): the
         # `completed` line below is a prepare's one fsync. A process crash keeps them (page
         # cache); a power loss is a reboot, and no spec from an earlier boot is used as it
         # is: the kubelet's re-prepare re-renders it (_ensure_spec: boot ID), or it has no
         # record and start-up GC removes it (recovery.py). Metadata files are fsync'd.
-        failed: list[str] = []
         with batched_dir_syncs():
             for uid, (rec, rendered) in list(pending.items()):
                 try:

@@ -1,4 +1,5 @@
-"""Unprepare, in one locked pass: mark `unpreparing`, remove the files, drop the entries.
+"""Unprepare, in one locked pass: mark `unpreparing`, remove the files, destroy what was
+made for the claim (on demand), drop the entries.
 
 Every claim gets its own answer: a spec that cannot be removed or a checkpoint that cannot
 be written (disk full) is that claim's error, and the kubelet calls again. What is left is
@@ -34,6 +35,7 @@ def unprepare(
     state_dir: Path,
     metadata: MetadataFiles,
     step: Callable[[str], None],
+    release: Callable[[str], None] = lambda uid: None,
 ) -> dict[str, str]:
     out: dict[str, str] = {}
     known = [r for r in refs if r.uid in state.claims]
@@ -65,6 +67,7 @@ def unprepare(
                 continue  # stays `unpreparing`; the next lock holder retries
             try:
                 metadata.remove(ref.namespace, ref.name, ref.uid, rec)
+                release(ref.uid)  # devices made for it (MIG instances) are destroyed
             except OSError as exc:
                 out[ref.uid] = f"{ref}: {exc}"
                 continue

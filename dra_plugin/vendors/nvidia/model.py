@@ -187,7 +187,7 @@ class GpuFacts:
 _OWN_BUDGET = MAX_ATTRIBUTES_AND_CAPACITIES - 1
 
 
-def _fit(
+def fit(
     attributes: Mapping[str, AttrValue | None],
     extras: Mapping[str, AttrValue | None],
     capacity: Mapping[str, int | None],
@@ -203,7 +203,7 @@ def _fit(
 
 
 def gpu_device(driver: str, gpu: GpuFacts, memory: int | None) -> Device:
-    attributes, capacity = _fit(
+    attributes, capacity = fit(
         {"type": "gpu", "uuid": gpu.uuid, **gpu.attributes()}, gpu.link, {"memory": memory}
     )
     return make_device(
@@ -227,7 +227,7 @@ def mig_device(
     capacity: Mapping[str, int | None],
     cap_nodes: list[DeviceNode],
 ) -> Device:
-    attributes, caps = _fit(
+    attributes, caps = fit(
         {"type": "mig", "uuid": uuid, "parentUUID": gpu.uuid, "profile": profile,
          **gpu.attributes()},
         gpu.link, capacity,

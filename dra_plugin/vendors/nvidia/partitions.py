@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dra_plugin.devices import CounterSet, Device, make_device
 from dra_plugin.vendors.nvidia.mig import GiProfile, capacities, profile_name
-from dra_plugin.vendors.nvidia.model import mig_name
+from dra_plugin.vendors.nvidia.model import CONTROL_NODES, NVIDIA, GpuFacts, fit, mig_name
 
 Range = tuple[int, int]  # a placement: (start, size) over the memory slices
 
@@ -131,3 +132,28 @@ def fits(gpu: GpuPartitions, chosen: Iterable[Placement]) -> bool:
         for counter, n in gpu.consumes(p).items():
             used[counter] = used.get(counter, 0) + n
     return all(n <= gpu.counters.get(c, 0) for c, n in used.items())
+
+
+def counter_set(gpu: GpuPartitions) -> CounterSet:
+    return CounterSet(gpu.counter_set, tuple(sorted(gpu.counters.items())))
+
+
+def placement_device(driver: str, facts: GpuFacts, gpu: GpuPartitions, p: Placement) -> Device:
+    """A placement as a device, with NVIDIA DynamicMIG's attributes (a MIG device's, less
+    the UUID the instance does not have yet) and today's MIG capacities. `extra` carries
+    where its instance goes (ondemand.Target)."""
+    attributes, caps = fit(
+        {"type": "mig", "parentUUID": facts.uuid, "profile": p.profile_name,
+         **facts.attributes()},
+        facts.link, p.capacities(),
+    )  # fmt: skip
+    target = f"{facts.uuid},{facts.minor},{p.profile.id},{p.start},{p.size},{p.profile.slices}"
+    return make_device(
+        name=p.name, vendor=NVIDIA, driver=driver,
+        attributes=attributes, capacity=caps,
+        nodes=[facts.node(), *CONTROL_NODES],
+        pci_address=facts.bus_id,
+        extra={"minor": str(facts.minor), "parentUUID": facts.uuid, "index": str(facts.index),
+               "placement": target},
+        consumes=[(counter_set(gpu), gpu.consumes(p))],
+    )  # fmt: skip

@@ -27,6 +27,7 @@ from dra_plugin.vendors.nvidia import cdi, nvml, vfio
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
+from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 
@@ -68,6 +69,8 @@ class NvidiaDriver(Driver):
         self.vendor = vendor
         self.settings: NvidiaSettings = settings
         self.health: NvmlHealthMonitor | None = None  # set by monitors()
+        self.maker: MigMaker | None = None  # set by on_demand() with NVIDIA_MIG_PARTITIONS
+        self.proc_root = Path("/proc")  # where the MIG capability files are read
         self._plan_reason = ""  # the userspace plan is logged when it changes
 
     @property
@@ -76,7 +79,10 @@ class NvidiaDriver(Driver):
 
     def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
         settings = self.settings
-        nv = nvml.discover_nvidia(settings.driver_root, settings.driver_name)
+        made = (self.maker or NOTHING_MADE) if settings.mig_partitions else None
+        nv = nvml.discover_nvidia(
+            settings.driver_root, settings.driver_name, proc_root=self.proc_root, made=made
+        )
         devs = list(nv.devices)
         notes: list[str] = []
         skipped: list[Unpublished] = []
@@ -104,7 +110,18 @@ class NvidiaDriver(Driver):
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         return cdi.claim_edits(devices, plan)
 
+    def on_demand(self, state_dir: Path, boot_id: str) -> MigMaker | None:
+        if not self.settings.mig_partitions:
+            return None
+        self.maker = MigMaker(
+            self.driver_name, self.settings.driver_root, state_dir, boot_id, self.proc_root
+        )
+        return self.maker
+
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        if self.maker is not None:  # made and destroyed instances: health follows
+            self.maker.changed = hooks.rescan
+
         def nvml_devices() -> tuple[Device, ...]:  # VFIO GPUs are not NVML's
             return tuple(d for d in hooks.published() if not vfio.is_vfio(d))
 

@@ -9,10 +9,11 @@ says so in the warnings).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pynvml
 
@@ -44,7 +45,9 @@ from dra_plugin.vendors.nvidia.nvml.library import (
     describe_error,
     session,
 )
-from dra_plugin.vendors.nvidia.nvml.migprofiles import gi_profiles
+from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from dra_plugin.vendors.nvidia.nvml.migprofiles import gi_profiles, possible_placements
+from dra_plugin.vendors.nvidia.partitions import partitions, placement_device
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +74,18 @@ def discover_nvidia(
     *,
     sysfs_root: Path = Path("/sys"),
     proc_root: Path = Path("/proc"),
+    made: Instances | None = None,
 ) -> NvmlDiscovery:
-    """All allocatable NVIDIA devices on this node. Never raises: problems become data."""
+    """All allocatable NVIDIA devices on this node. Never raises: problems become data.
+
+    With `made` (the instances made on demand), a GPU in MIG mode also publishes every
+    MIG placement (KEP-4815)."""
     warnings: list[str] = []
     try:
         with session(driver_root):
-            devices = _Discovery(driver_name, sysfs_root, proc_root, warnings).run()
+            found = _Discovery(driver_name, sysfs_root, proc_root, warnings)
+            found.made = made
+            devices = found.run()
     except NvmlError as e:
         return NvmlDiscovery(error=str(e), warnings=tuple(warnings))
     except pynvml.NVMLError as e:
@@ -91,7 +100,31 @@ def discover_nvidia(
     return NvmlDiscovery(devices=tuple(devices), warnings=tuple(warnings))
 
 
+class Instances(Protocol):
+    """The MIG instances this plugin made (ondemand.MigMaker), as discovery asks."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    def ours(self) -> Mapping[tuple[str, int, int], Made]: ...
+
+
+class Made(Protocol):
+    """One instance made on demand: its ids (None while it is being made)."""
+
+    @property
+    def gi(self) -> int | None: ...
+
+    @property
+    def ci(self) -> int | None: ...
+
+    @property
+    def uuid(self) -> str | None: ...
+
+
 class _Discovery:
+    made: Instances | None = None
+
     def __init__(self, driver: str, sysfs_root: Path, proc_root: Path, warnings: list[str]):
         self.driver = driver
         self.sysfs_root = sysfs_root
@@ -183,6 +216,8 @@ class _Discovery:
         mig_mode = self.opt(f"{name} MIG mode", pynvml.nvmlDeviceGetMigMode, h)
         if mig_mode is not None and int(mig_mode[0]) == pynvml.NVML_DEVICE_MIG_ENABLE:
             total = int(memory.total) if memory is not None else 0
+            if self.made is not None and total > 0:
+                return self.partitioned(h, facts, total, self.made)
             migs = self.migs(h, facts, total)
             if not migs:
                 self.warnings.append(
@@ -203,7 +238,45 @@ class _Discovery:
                 self.warnings.append(f"{name} addressing mode: {describe_error(e)}")
         return None
 
-    def migs(self, h: Handle, gpu: GpuFacts, total_memory: int) -> list[Device]:
+    def partitioned(
+        self, h: Handle, gpu: GpuFacts, total_memory: int, made: Instances
+    ) -> list[Device]:
+        """An administrator's MIG devices as static devices, and every placement that none
+        of them covers as a device made on demand (the instances this plugin made for
+        claims carry their MIG UUID, so health and telemetry follow them)."""
+        with made.lock:  # not while an instance of ours is half made
+            profiles = possible_placements(h)
+            live = gpu_instances(h, [gi.id for gi, _, _ in profiles])
+            ours = {(p, s): e for (u, p, s), e in made.ours().items() if u == gpu.uuid}
+            static = self.migs(h, gpu, total_memory, skip=set(ours))
+        taken = [(g.start, g.size) for g in live if (g.profile_id, g.start) not in ours]
+        parts = partitions(gpu.minor, total_memory, profiles, taken)
+        if not parts.placements:
+            return static
+        out = []
+        for place in parts.placements:
+            dev = placement_device(self.driver, gpu, parts, place)
+            entry = ours.get((place.profile.id, place.start))
+            if entry is not None and entry.uuid and entry.gi is not None and entry.ci is not None:
+                caps = mig_cap_nodes(self.proc_root, gpu.minor, entry.gi, entry.ci)
+                dev = replace(
+                    dev,
+                    uuid=entry.uuid,
+                    nodes=(*dev.nodes, *(caps if isinstance(caps, list) else [])),
+                    extra=tuple(sorted({**dict(dev.extra), "uuid": entry.uuid,
+                                        "gi": str(entry.gi), "ci": str(entry.ci)}.items())),
+                )  # fmt: skip
+            out.append(dev)
+        return static + out
+
+    def migs(
+        self,
+        h: Handle,
+        gpu: GpuFacts,
+        total_memory: int,
+        skip: Collection[tuple[int, int]] = (),
+    ) -> list[Device]:
+        """The MIG devices that exist; `skip`: (profile id, start) of those made on demand."""
         devices: list[Device] = []
         names: set[str] = set()
         profiles = self.opt(f"gpu-{gpu.minor} MIG profiles", gi_profiles, h) or {}
@@ -220,6 +293,8 @@ class _Discovery:
             nvml_profile = mig_profile(str(pynvml.nvmlDeviceGetName(mh)))
             info = self.opt(f"gpu-{gpu.minor} GPU instance {gi}", _gpu_instance_info, h, gi)
             placement = (info.profileId, info.placement.start) if info is not None else None
+            if placement in skip:
+                continue
             # The name keeps NVML's profile spelling (checkpoints record prepared devices
             # by name); the attribute and capacities are NVIDIA's driver's, from the profile.
             name = mig_name(gpu.minor, nvml_profile, gi, ci, placement)

@@ -1,0 +1,202 @@
+"""MIG made on demand (NVIDIA_MIG_PARTITIONS), through the real NVIDIA driver, the real
+ClaimPreparer and the NVML stand-in (which applies the GPU's rules): prepare makes the
+instance at the allocated placement, the CDI spec carries its capability nodes and MIG
+UUID, unprepare destroys it; a placement the GPU refuses is that claim's error; an
+administrator's instances are published as they are and never touched."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pynvml
+import pytest
+
+from dra_plugin.vendors.nvidia.nvml.library import session
+from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from tests.fakes.claim_harness import FakeApi, ref
+from tests.fakes.migworld import MigNode, placement_claim, set_env
+from tests.fakes.nvml_lib import FakeNvml, build_fake_nvml
+
+PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
+
+
+@pytest.fixture(scope="module")
+def fake() -> FakeNvml:
+    return build_fake_nvml()
+
+
+def live(fake: FakeNvml, gpu: int = 0) -> list[tuple[int, int, int, tuple[int, ...]]]:
+    """(profile id, start, size, compute ids) of every GPU instance on GPU `gpu`."""
+    with session(fake.driver_root):
+        h = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        ids = range(0, 40)
+        return sorted((g.profile_id, g.start, g.size, g.compute) for g in gpu_instances(h, ids))
+
+
+def placements(node: MigNode) -> list[str]:
+    return sorted(n for n, d in node.devices.items() if d.consumes)
+
+
+def prepare(node: MigNode, api: FakeApi, obj: dict[str, Any]) -> str:
+    api.add(obj)
+    got = asyncio.run(node.preparer.prepare([ref(obj)]))
+    return got[obj["metadata"]["uid"]].error
+
+
+def unprepare(node: MigNode, obj: dict[str, Any]) -> str:
+    return asyncio.run(node.preparer.unprepare([ref(obj)]))[obj["metadata"]["uid"]]
+
+
+@pytest.fixture
+def world(
+    request: Any, fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[MigNode, FakeApi]]:
+    set_env(monkeypatch, tmp_path, getattr(request, "param", "a100-40gb-mig-empty"))
+    api = FakeApi()
+    node = MigNode(fake, tmp_path, api)
+    asyncio.run(node.preparer.startup())
+    yield node, api
+
+
+@pytest.mark.parametrize("world", PROFILES, indirect=True)
+def test_every_placement_is_made_on_prepare_and_destroyed_on_unprepare(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    node, api = world
+    names = placements(node)
+    assert names and all(n.startswith("gpu-0-mig-") for n in names[:1])
+    for i, name in enumerate(names, start=1):
+        dev = node.devices[name]
+        obj = placement_claim(i, name)
+        assert prepare(node, api, obj) == "", name
+        target = dict(dev.extra)["placement"].split(",")
+        gpu = int(target[1])  # the stand-in's minors are its indexes
+        ((profile, start, size, computes),) = live(fake, gpu)
+        assert (profile, start, size) == (int(target[2]), int(target[3]), int(target[4]))
+        assert len(computes) == 1
+        spec = json.loads(next((node.root / "cdi").glob("*.json")).read_text())
+        paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
+        assert sum(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths) == 2, paths
+        book = json.loads((node.root / "state/mig-instances.json").read_text())
+        (entry,) = book["instances"]
+        assert entry["device"] == name and entry["uuid"].startswith("MIG-")
+        # Discovery follows: the placement device now carries its instance's UUID.
+        assert node.rescan()[name].uuid == entry["uuid"]
+        assert unprepare(node, obj) == ""
+        assert live(fake, gpu) == [], name
+        assert json.loads((node.root / "state/mig-instances.json").read_text())["instances"] == []
+        assert node.rescan()[name].uuid is None
+
+
+def test_a_placement_the_gpu_refuses_is_that_claims_error(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    node, api = world
+    big = next(n for n in placements(node) if "-7g" in n)
+    small = next(n for n in placements(node) if "-1g" in n)
+    first = placement_claim(1, big)
+    assert prepare(node, api, first) == ""
+    # A scheduler would never allocate these together (the counters overlap); the node
+    # still refuses rather than trusting it, and names the GPU and the placement.
+    err = prepare(node, api, placement_claim(2, small))
+    assert "gpu-0" in err and "refused profile" in err and "INSUFFICIENT_RESOURCES" in err, err
+    assert len(live(fake)) == 1  # nothing half made is left
+    assert (
+        json.loads((node.root / "state/mig-instances.json").read_text())["instances"][0]["device"]
+        == big
+    )
+    assert unprepare(node, first) == ""
+    assert live(fake) == []
+
+
+def test_an_administrators_instance_is_published_as_it_is_and_never_touched(
+    fake: FakeNvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    set_env(monkeypatch, tmp_path, "a100-40gb-mig-empty")
+    with session(fake.driver_root):  # the administrator's 3g at slices 4-7
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        place = pynvml.c_nvmlGpuInstancePlacement_t(4, 4)
+        gi = pynvml.nvmlDeviceCreateGpuInstanceWithPlacement(h, 9, pynvml.byref(place))
+        ci_profile = pynvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            gi, pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE, 0
+        )
+        pynvml.nvmlGpuInstanceCreateComputeInstance(gi, ci_profile.id)
+    admin = live(fake)
+    api = FakeApi()
+    node = MigNode(fake, tmp_path, api)
+    asyncio.run(node.preparer.startup())
+    assert live(fake) == admin  # start-up reconcile leaves it
+    static = [d for d in node.devices.values() if not d.consumes]
+    assert [d.name for d in static] == ["gpu-0-mig-3g20gb-9-4"]
+    assert static[0].uuid and static[0].uuid.startswith("MIG-")
+    for name in placements(node):  # no placement covers its slices 4-7
+        start, size = (int(x) for x in node.devices[name].extra_value("placement").split(",")[3:5])  # type: ignore[union-attr]
+        assert start + size <= 4, name
+    # Claiming the administrator's device prepares it as a static MIG device.
+    obj = placement_claim(1, "gpu-0-mig-3g20gb-9-4")
+    assert prepare(node, api, obj) == ""
+    assert unprepare(node, obj) == ""
+    assert live(fake) == admin
+
+
+def test_restart_keeps_the_instance_of_a_prepared_claim_and_reprepare_finds_it(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    node, api = world
+    name = placements(node)[0]
+    obj = placement_claim(1, name)
+    assert prepare(node, api, obj) == ""
+    before = live(fake)
+    again = MigNode(fake, node.root, api)  # a new process: the book is read again
+    asyncio.run(again.preparer.startup())
+    assert live(fake) == before
+    assert again.devices[name].uuid is not None
+    assert prepare(again, api, obj) == ""  # the kubelet's repeated prepare
+    assert live(fake) == before
+    # A spec lost meanwhile is rendered again, finding the instance instead of making one.
+    for spec in (node.root / "cdi").glob("*.json"):
+        spec.unlink()
+    assert prepare(again, api, obj) == ""
+    assert live(fake) == before
+    assert unprepare(again, obj) == ""
+    assert live(fake) == []
+
+
+def test_after_a_reboot_the_book_is_void_and_reprepare_makes_the_instance_again(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml, tmp_path: Path
+) -> None:
+    node, api = world
+    name = placements(node)[0]
+    obj = placement_claim(1, name)
+    assert prepare(node, api, obj) == ""
+    (tmp_path / "mig-state").unlink()  # a reboot: no instance survives
+    node.maker.book.entries.clear()
+    rebooted = MigNode(fake, node.root, api, boot="boot-2")
+    asyncio.run(rebooted.preparer.startup())
+    assert rebooted.maker.book.entries == {}
+    assert prepare(rebooted, api, obj) == ""
+    assert len(live(fake)) == 1
+    assert unprepare(rebooted, obj) == ""
+    assert live(fake) == []
+
+
+def test_a_damaged_book_is_said_and_its_instances_are_left_alone(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    node, api = world
+    name = placements(node)[0]
+    assert prepare(node, api, placement_claim(1, name)) == ""
+    before = live(fake)
+    (node.root / "state/mig-instances.json").write_text("{not json")
+    restarted = MigNode(fake, node.root, api)
+    asyncio.run(restarted.preparer.startup())
+    assert "MIG instance book" in caplog.text and "unusable" in caplog.text
+    assert list((node.root / "state").glob("mig-instances.json.corrupt-*"))
+    assert live(fake) == before  # not ours any more as far as we can tell: kept
+    # Published as a static MIG device, so nothing else is placed over it.
+    assert not restarted.devices[name].consumes
+    assert restarted.devices[name].uuid is not None
