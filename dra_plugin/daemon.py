@@ -125,7 +125,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     #    read first, so discovery knows the instances it made).
     boot_id = read_boot_id()
     for d in drivers:
-        d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id)
+        d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id, cfg.host_root)
     inv = await asyncio.to_thread(inventory.discover, cfg)
     for note in inv.notes:
         log.warning("%s", note)

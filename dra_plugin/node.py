@@ -37,7 +37,10 @@ class Node:
         self._rescan = asyncio.Event()
 
     def devices(self, driver: str) -> dict[str, Device]:
-        return {d.name: d for d in self.published.get(driver, ())}
+        """What claims of `driver` may be prepared on: its devices as published (devices
+        that consume counters only while the API server keeps the counters)."""
+        counted = self._publisher.partitions(driver)
+        return {d.name: d for d in self.published.get(driver, ()) if counted or not d.consumes}
 
     def set_discovered(self, inv: inventory.Inventory) -> None:
         why_skipped = {card.pci_address: card.reason for card in inv.skipped}

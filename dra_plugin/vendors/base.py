@@ -262,7 +262,7 @@ class Driver(ABC):
         """This driver's node checks."""
         return []
 
-    def on_demand(self, state_dir: Path, boot_id: str) -> OnDemand | None:
+    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
         """What makes this driver's devices on demand, keeping its own record in
         `state_dir` (the driver's plugin dir); None: every device exists already."""
         return None

@@ -56,8 +56,7 @@ class MigNode:
         self.driver = base.rebound(
             replace(base.settings, mig_partitions=True, driver_root=fake.driver_root)
         )
-        self.driver.proc_root = root / "proc"
-        maker = self.driver.on_demand(root / "state", boot)
+        maker = self.driver.on_demand(root / "state", boot, root)  # root/proc: the fake /proc
         assert maker is not None
         self.maker: MigMaker = maker
         self.root = root
@@ -80,7 +79,7 @@ class MigNode:
         def no_udev() -> Any:
             raise AssertionError("udev is not needed without NVIDIA_VFIO")
 
-        found = self.driver.discover(no_udev, Path("/"))
+        found = self.driver.discover(no_udev, self.root)
         assert not found.notes, found.notes
         self.devices = {d.name: d for d in found.devices}
         return self.devices

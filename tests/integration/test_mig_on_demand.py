@@ -15,11 +15,16 @@ from typing import Any
 import pynvml
 import pytest
 
+from dra_plugin.devices import Health
+from dra_plugin.telemetry.catalogue import XID_ERRORS, Reading
+from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.nvml.library import session
 from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from tests.fakes.claim_harness import FakeApi, ref
 from tests.fakes.migworld import MigNode, placement_claim, set_env
 from tests.fakes.nvml_lib import FakeNvml, build_fake_nvml
+from tests.fakes.waits import wait_for
 
 PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
 
@@ -200,3 +205,44 @@ def test_a_damaged_book_is_said_and_its_instances_are_left_alone(
     # Published as a static MIG device, so nothing else is placed over it.
     assert not restarted.devices[name].consumes
     assert restarted.devices[name].uuid is not None
+
+
+def test_health_follows_an_instance_made_on_demand(
+    world: tuple[MigNode, FakeApi],
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    node, api = world
+    events = tmp_path / "events"
+    events.write_text("")
+    monkeypatch.setenv("FAKE_NVML_EVENTS", str(events))
+    reports: list[tuple[str, Health]] = []
+    monitor = NvmlHealthMonitor(
+        fake.driver_root,
+        lambda: tuple(node.devices.values()),
+        lambda name, health, reason: reports.append((name, health)),
+        (13,),
+        wait_timeout_ms=20,
+    )
+    monitor.start()
+    try:
+        name = next(n for n in placements(node) if "-3g" in n)
+        obj = placement_claim(1, name)
+        assert prepare(node, api, obj) == ""
+        made = node.rescan()[name]  # what the maker's rescan hook asks for
+        gi, ci = made.extra_value("gi"), made.extra_value("ci")
+        assert gi is not None and ci is not None
+        wait_for(lambda: name in monitor.watched(), what=f"{name} watched")
+        with events.open("a") as f:
+            f.write(f"xid 0 48 {gi} {ci}\n")  # a double-bit ECC error in that instance
+        wait_for(lambda: (name, Health.UNHEALTHY) in reports, what=f"{name} unhealthy")
+        # Telemetry: the instance's XID series, as a static MIG device has it.
+        reader = NvmlReader(fake.driver_root, monitor.xid_counts)
+        assert Reading(XID_ERRORS, 1.0, ("48",)) in reader.read(made, 0.0)
+        assert unprepare(node, obj) == ""
+        node.rescan()
+        wait_for(lambda: name not in monitor.watched(), what=f"{name} no longer watched")
+    finally:
+        monitor.stop()
+        monitor.join(5)

@@ -72,7 +72,7 @@ class NvmlHealthMonitor:
             devices if callable(devices) else (lambda: fixed)
         )
         self._by_gpu: dict[str, list[_Watched]] = {}
-        self._seen: tuple[str, ...] = ()  # device names the watch list was built from
+        self._seen: tuple[tuple[str, str, str, str], ...] = ()  # (name, uuid, gi, ci) watched
         self._registered: set[str] = set()  # GPU UUIDs tried for event registration
         self._unmonitored: dict[str, list[str]] = {}  # GPU UUID -> its devices' names
         self._follow()
@@ -134,10 +134,15 @@ class NvmlHealthMonitor:
         """Rebuild the watch list from the published devices when they changed; True when
         it changed. A device that stays keeps its state (a sticky XID mark)."""
         devices = [d for d in self._devices() if d.vendor == NVIDIA]
-        names = tuple(sorted(d.name for d in devices))
-        if names == self._seen:
+        # Not the names alone: a MIG placement made on demand keeps its name and gains
+        # its instance (ids, UUID) when a claim is prepared.
+        seen = tuple(
+            sorted((d.name, d.uuid or "", d.extra_value("gi") or "", d.extra_value("ci") or "")
+                   for d in devices)
+        )  # fmt: skip
+        if seen == self._seen:
             return False
-        self._seen = names
+        self._seen = seen
         old = {w.name: w for ws in self._by_gpu.values() for w in ws}
         by_gpu: dict[str, list[_Watched]] = {}
         for d in devices:
@@ -169,7 +174,7 @@ class NvmlHealthMonitor:
             if uuid not in self._handles:
                 self._resolve(uuid)
         self._register([u for u in new if u in self._handles])
-        log.info("nvidia health: watching devices=%s", ",".join(self._seen))
+        log.info("nvidia health: watching devices=%s", ",".join(s[0] for s in self._seen))
 
     def _resolve(self, uuid: str) -> nvml.Handle | None:
         try:
@@ -270,6 +275,10 @@ class NvmlHealthMonitor:
                     w.unreachable = w.fault = ""
                 self._report(w)
         return failing
+
+    def watched(self) -> set[str]:
+        """The names of the devices watched now (a MIG device made on demand: once made)."""
+        return {w.name for ws in self._by_gpu.values() for w in ws}
 
     def xid_counts(self) -> dict[tuple[str, int], int]:
         """(device name, XID) -> how many such events arrived since start."""

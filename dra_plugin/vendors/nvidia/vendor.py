@@ -70,7 +70,6 @@ class NvidiaDriver(Driver):
         self.settings: NvidiaSettings = settings
         self.health: NvmlHealthMonitor | None = None  # set by monitors()
         self.maker: MigMaker | None = None  # set by on_demand() with NVIDIA_MIG_PARTITIONS
-        self.proc_root = Path("/proc")  # where the MIG capability files are read
         self._plan_reason = ""  # the userspace plan is logged when it changes
 
     @property
@@ -81,7 +80,7 @@ class NvidiaDriver(Driver):
         settings = self.settings
         made = (self.maker or NOTHING_MADE) if settings.mig_partitions else None
         nv = nvml.discover_nvidia(
-            settings.driver_root, settings.driver_name, proc_root=self.proc_root, made=made
+            settings.driver_root, settings.driver_name, proc_root=host_root / "proc", made=made
         )
         devs = list(nv.devices)
         notes: list[str] = []
@@ -110,11 +109,12 @@ class NvidiaDriver(Driver):
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         return cdi.claim_edits(devices, plan)
 
-    def on_demand(self, state_dir: Path, boot_id: str) -> MigMaker | None:
+    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> MigMaker | None:
         if not self.settings.mig_partitions:
             return None
+        # The capability files are the host's /proc (the same through any procfs mount).
         self.maker = MigMaker(
-            self.driver_name, self.settings.driver_root, state_dir, boot_id, self.proc_root
+            self.driver_name, self.settings.driver_root, state_dir, boot_id, host_root / "proc"
         )
         return self.maker
 

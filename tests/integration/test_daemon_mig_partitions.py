@@ -1,0 +1,98 @@
+"""MIG made on demand through the real daemon: NVIDIA_MIG_PARTITIONS publishes the counter
+set and the placement devices to a faithful API server, a kubelet prepare makes the
+instance and unprepare destroys it; where the API server drops the counters
+(DRAPartitionableDevices off) the daemon says so once and publishes no placement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dra_plugin.vendors.nvidia.ondemand import BOOK
+from tests.fakes.cluster import NVIDIA, Cluster
+from tests.fakes.migworld import stand_in_env
+
+PROFILE = "a100-40gb-mig-empty"
+PLACEMENT = "gpu-0-mig-3g20gb-9-4"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=PROFILE)
+    yield c
+    c.close()
+
+
+def env(cluster: Cluster) -> dict[str, str]:
+    host = cluster.tmp / "host"  # HOST_ROOT: the capability files are under its proc/
+    (host / "proc").mkdir(parents=True, exist_ok=True)
+    (host / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-caps\n")
+    return {
+        **stand_in_env(host, PROFILE),
+        "FAKE_NVML_MIG_STATE": str(cluster.tmp / "mig-state"),
+        "HOST_ROOT": str(host),
+        "VENDORS": "nvidia",
+        "NVIDIA_MIG_PARTITIONS": "true",
+    }
+
+
+def instances(cluster: Cluster) -> list[str]:
+    """The stand-in's instances ("gi <gpu> <id> <profile index> <start> <size> ...")."""
+    state = cluster.tmp / "mig-state"
+    lines = state.read_text().splitlines() if state.exists() else []
+    return [ln for ln in lines if ln.startswith("gi ")]
+
+
+def test_counters_published_and_instance_made_and_destroyed_by_kubelet_calls(
+    cluster: Cluster,
+) -> None:
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("placements published", lambda: PLACEMENT in cluster.published(NVIDIA))
+    slices = cluster.slices(NVIDIA)
+    sets = [cs for s in slices for cs in s["spec"].get("sharedCounters") or []]
+    assert [cs["name"] for cs in sets] == ["gpu-0-counter-set"]
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+    placed = devices[PLACEMENT]
+    (use,) = placed["consumesCounters"]
+    assert use["counterSet"] == "gpu-0-counter-set"
+    assert sorted(use["counters"]) == [f"memory-slice-{i}" for i in range(4, 8)]
+    assert placed["attributes"]["type"] == {"string": "mig"}
+    assert "uuid" not in placed["attributes"]  # the instance does not exist yet
+    assert instances(cluster) == []
+
+    claim = cluster.add_claim("mig", NVIDIA, PLACEMENT)
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    assert plugin.prepare([claim]).claims[claim.uid].error == ""
+    (made,) = instances(cluster)
+    assert made.split()[4:6] == ["4", "4"]  # start 4, size 4
+    spec = next(cluster.cdi.glob("*.json")).read_text()
+    assert spec.count("/dev/nvidia-caps/nvidia-cap") == 2
+    assert (cluster.plugins / NVIDIA / BOOK).is_file()
+    # Published as before: the allocation already counts its slices.
+    assert cluster.published(NVIDIA) == sorted(devices)
+    assert plugin.unprepare([claim]).claims[claim.uid].error == ""
+    assert instances(cluster) == []
+    assert daemon.terminate() == 0
+
+
+def test_gate_off_publishes_no_placement_and_says_so_once(cluster: Cluster) -> None:
+    cluster.api.partitionable_devices = False
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("fallback", lambda: "DRAPartitionableDevices" in daemon.logs())
+    cluster.wait_for("published", lambda: cluster.slices(NVIDIA) != [])
+    assert not any(s["spec"].get("sharedCounters") for s in cluster.slices(NVIDIA))
+    assert cluster.published(NVIDIA) == []  # the GPU has no instance an administrator made
+    assert daemon.logs().count("DRAPartitionableDevices") == 1
+    # A claim naming a placement anyway (allocated before the gate went off) is refused:
+    # the node never makes what the scheduler could not count.
+    claim = cluster.add_claim("mig", NVIDIA, PLACEMENT)
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    err = plugin.prepare([claim]).claims[claim.uid].error
+    assert PLACEMENT in err and "not" in err, err
+    assert instances(cluster) == []
+    assert daemon.terminate() == 0
