@@ -16,6 +16,7 @@ from bench import (
     claims,
     fleet,
     held,
+    mig,
     report,
     scale,
     sharing,
@@ -48,6 +49,7 @@ class Settings:
     telemetry_samples: int
     telemetry_scrapes: int
     shutdown_repeats: int
+    mig_repeats: int
 
 
 FULL = Settings(
@@ -69,6 +71,7 @@ FULL = Settings(
     telemetry_samples=50,
     telemetry_scrapes=200,
     shutdown_repeats=7,
+    mig_repeats=50,
 )
 SMOKE = Settings(
     prepare_repeats=5,
@@ -89,6 +92,7 @@ SMOKE = Settings(
     telemetry_samples=3,
     telemetry_scrapes=5,
     shutdown_repeats=1,
+    mig_repeats=2,
 )
 
 
@@ -158,6 +162,9 @@ def run_all(cfg: Settings) -> dict[str, Any]:
     t = time.monotonic()
     out["telemetry"] = telemetry.run(samples=cfg.telemetry_samples, scrapes=cfg.telemetry_scrapes)
     timings["telemetry"] = time.monotonic() - t
+    t = time.monotonic()
+    out["mig"] = mig.run(repeats=cfg.mig_repeats)
+    timings["mig"] = time.monotonic() - t
     out["section_seconds"] = {k: round(v, 1) for k, v in timings.items()}
     return out
 

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import held, sharing, shutdown
+from bench import held, mig, sharing, shutdown
 
 TARGET_PREPARE_RATIO = 2.0
 TARGET_BURST_RATIO = 2.0
@@ -55,6 +55,7 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     shared = [sharing.target(r)] if "sharing" in r else []
     shared += [held.target(r)] if "held" in r else []
     shared += [shutdown.target(r)] if "shutdown" in r else []
+    shared += [mig.target(r)] if "mig" in r else []
     burst = r["burst"]["ratio_burst_to_one_call_p50"]
     per_node = {
         "start": r["fleet"]["start"]["requests_per_node"],

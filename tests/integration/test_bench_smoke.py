@@ -52,6 +52,10 @@ SUMMARIES: dict[str, tuple[str, ...]] = {
     "footprint": ("rss_mib", "threads"),
     "footprint.idle": ("cpu_percent",),
     "scale": ("publish_ms", "build_and_plan_ms", "restart_no_change_ms", "one_change_ms"),
+    **{
+        f"mig.make_destroy.{p}": ("make_destroy_ms", "floor_ms")
+        for p in ("1g18gb", "1g18gb-me", "1g35gb", "2g35gb", "3g71gb", "4g71gb", "7g141gb")
+    },
     "sharing.levels.0": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.8": ("shared_prepare_ms", "exclusive_prepare_ms"),
     "sharing.levels.64": ("shared_prepare_ms", "exclusive_prepare_ms"),
@@ -106,6 +110,13 @@ NUMBERS: dict[str, tuple[str, ...]] = {
         "one_change_requests",
     ),
     "fleet": ("nodes", "devices_per_node", "slices_stored", "publisher_errors"),
+    "mig.pool_8xh200": (
+        "devices",
+        "slices",
+        "counter_slices",
+        "bytes_total",
+        "bytes_largest_slice",
+    ),
     "fleet.start": ("seconds", "requests", "requests_per_node", "writes"),
     "fleet.steady": (
         "compression",
@@ -191,6 +202,7 @@ def test_bench_smoke_reports_every_figure(tmp_path: Path) -> None:
         "telemetry sample < 1 ms CPU per device",
         "scrape p50 < 5 ms",
         "SIGTERM to exit with every monitor running < 2 s",
+        "MIG make+destroy: plugin overhead over the NVML calls < 5 ms",
     }
     for t in targets:
         _number(t["value"], t["name"])

@@ -7,6 +7,7 @@ import json
 import subprocess
 import tomllib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,11 @@ from dra_plugin.doctor import containerd
 from dra_plugin.doctor import report as doctor
 from dra_plugin.doctor.findings import Finding, Report, Status
 from dra_plugin.kubeapi import KubeAPI, Timeouts
+from dra_plugin.vendors.base import as_driver
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES
 from dra_plugin.vendors.nvidia.model import NVIDIA
+from dra_plugin.vendors.nvidia.vendor import NvidiaDriver
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.hostroot import HostRoot, can_mknod, host_root
 from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
@@ -659,3 +662,40 @@ def test_healthy_nvidia_node_with_cluster_exits_0(
         "rbac",
     ]
     assert json.loads(doctor.render_json(report))["status"] == "PASS"
+
+
+def mig_partitions(cfg: Config) -> Config:
+    """`cfg` with NVIDIA_MIG_PARTITIONS=true."""
+    nvidia = as_driver(cfg.driver("nvidia"), NvidiaDriver)
+    on = nvidia.rebound(replace(nvidia.settings, mig_partitions=True))
+    return replace(cfg, vendor_drivers={**cfg.vendor_drivers, "nvidia": on})
+
+
+def test_mig_partitions_on_a_gpu_not_in_mig_mode_says_how_to_switch(
+    host: HostRoot, fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nvidia_host(host)
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("consumer")))
+    cfg = host.config(vendors=(NVIDIA,), nvidia_driver_root=fake_nvml.driver_root)
+    nvidia = cfg.driver("nvidia")
+    on = nvidia.rebound(replace(nvidia.settings, mig_partitions=True))  # type: ignore[type-var]
+    f = one(
+        doctor.run_doctor(replace(cfg, vendor_drivers={**cfg.vendor_drivers, "nvidia": on})), "mig"
+    )
+    assert f.status is Status.WARN and "gpu-0" in f.found and "not in MIG mode" in f.found
+    assert "nvidia-smi -i 0 -mig 1" in f.action
+    # Off (the default), nothing is said.
+    assert only(doctor.run_doctor(cfg), "mig") == []
+
+
+def test_mig_partitions_on_a_gpu_in_mig_mode_publishes_its_placements(
+    host: HostRoot, fake_nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    nvidia_host(host)
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("a100-40gb-mig-empty")))
+    monkeypatch.setenv("FAKE_NVML_CAPS_ROOT", str(tmp_path / "caps"))
+    cfg = host.config(vendors=(NVIDIA,), nvidia_driver_root=fake_nvml.driver_root)
+    report = doctor.run_doctor(mig_partitions(cfg))
+    assert only(report, "mig") == []
+    f = one(report, "nvml")
+    assert f.status is Status.PASS and "gpu-0-mig-7g40gb-0-0" in f.found

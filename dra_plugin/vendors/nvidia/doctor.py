@@ -3,7 +3,9 @@ nodes, and NVML itself (loaded from the configured driver root)."""
 
 from __future__ import annotations
 
-from dra_plugin.devices import Health
+from collections.abc import Sequence
+
+from dra_plugin.devices import Device, Health
 from dra_plugin.doctor.checks import modules_finding, node_problem, nodes_finding
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
@@ -131,13 +133,16 @@ def check_nvml(
     on_bus = [g for g in mine if g.driver == "nvidia"]
     if not on_bus and not (loaded is not None and host.module_loaded(loaded, "nvidia")):
         return [Finding(Status.PASS, "nvml", "no NVIDIA GPU or driver on this node; not needed")]
-    from dra_plugin.vendors.nvidia import nvml  # imported here: only this check loads NVML
+    # Imported here: only this check loads NVML.
+    from dra_plugin.vendors.nvidia import nvml
+    from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE
 
     result = nvml.discover_nvidia(
         settings.driver_root,
         settings.driver_name,
         sysfs_root=host.path("/sys"),
         proc_root=host.path("/proc"),
+        made=NOTHING_MADE if settings.mig_partitions else None,
     )
     if result.error:
         return [Finding(Status.FAIL, "nvml", result.error, _nvml_meaning(result.error))]
@@ -166,6 +171,8 @@ def check_nvml(
         out.append(
             Finding(Status.PASS, "nvml", f"NVML sees {len(result.devices)} device(s): {names}")
         )
+    if settings.mig_partitions:
+        out += _mig_mode_off(result.devices)
     for warning in result.warnings:
         lost = "NVML_ERROR_GPU_IS_LOST" in warning
         out.append(
@@ -182,3 +189,24 @@ def check_nvml(
                 )
             )
     return out
+
+
+def _mig_mode_off(devices: Sequence[Device]) -> list[Finding]:
+    """With MIG made on demand, a GPU not in MIG mode has no placements to publish, and
+    the plugin never switches the mode (it needs a GPU reset)."""
+    whole = [d for d in devices if d.attrs.get("type") == "gpu"]
+    if not whole:
+        return []
+    names = ", ".join(f"{d.name} ({d.uuid})" for d in whole)
+    minors = ",".join(d.extra_value("minor") or "?" for d in whole)
+    return [
+        Finding(
+            Status.WARN,
+            "mig",
+            f"NVIDIA_MIG_PARTITIONS is on but {names} not in MIG mode: published whole, "
+            "no MIG placement",
+            f"if these GPUs should be partitioned: drain them, run `nvidia-smi -i {minors} "
+            f"-mig 1`, then reset them (`nvidia-smi -i {minors} -r`) or reboot the node; the "
+            "mode survives reboots (dra-plugin never switches it)",
+        )
+    ]
