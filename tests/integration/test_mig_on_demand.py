@@ -246,3 +246,37 @@ def test_health_follows_an_instance_made_on_demand(
     finally:
         monitor.stop()
         monitor.join(5)
+
+
+def test_two_plugin_pods_side_by_side_keep_one_book(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    """A rolling update: the old and the new pod serve side by side and take turns under
+    the claim lock; neither may write the book from a stale copy."""
+    old, api = world
+    new = MigNode(fake, old.root, api)
+    first, second = [n for n in placements(old) if "-1g5gb-19-" in n][:2]
+    one, two = placement_claim(1, first), placement_claim(2, second)
+    assert prepare(old, api, one) == ""
+    assert prepare(new, api, two) == ""
+    assert unprepare(old, one) == ""  # the old pod must keep the new pod's entry
+    book = json.loads((old.root / "state/mig-instances.json").read_text())
+    assert [e["device"] for e in book["instances"]] == [second]
+    assert unprepare(new, two) == ""
+    assert live(fake) == []
+
+
+def test_a_book_deleted_while_running_is_said_and_written_again(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    node, api = world
+    first, second = [n for n in placements(node) if "-1g5gb-19-" in n][:2]
+    one, two = placement_claim(1, first), placement_claim(2, second)
+    assert prepare(node, api, one) == ""
+    (node.root / "state/mig-instances.json").unlink()
+    assert prepare(node, api, two) == ""
+    assert "was deleted while running" in caplog.text
+    book = json.loads((node.root / "state/mig-instances.json").read_text())
+    assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
+    assert unprepare(node, one) == "" and unprepare(node, two) == ""
+    assert live(fake) == []

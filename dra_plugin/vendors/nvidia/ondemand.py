@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -95,11 +96,50 @@ class Book:
     def __init__(self, path: Path, boot_id: str, driver: str) -> None:
         self.path = path
         self.boot_id = boot_id
+        self.driver = driver
         self.entries: dict[str, Entry] = {}
         self.damaged = False
-        self._load(driver)
+        self._seen: tuple[int, int, int] | None = None  # the file as last read or written
+        self.refresh()
 
-    def _load(self, driver: str) -> None:
+    def refresh(self) -> None:
+        """Read the file again if someone else wrote it since (during a rolling update the
+        other pod's plugin makes instances too, under the same claim lock). A file of ours
+        that went missing or was damaged while running is said and written again from
+        what this process knows."""
+        try:
+            st = os.lstat(self.path)
+            now: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            now = None
+        if now == self._seen:
+            return
+        known = dict(self.entries)
+        if now is None:
+            log.error(
+                "MIG instance book %s was deleted while running; written again from what "
+                "this process knows (%d instance(s))",
+                self.path,
+                len(known),
+            )
+            metrics.checkpoint_damage(self.driver, "mig-instances", "missing")
+            self._save()
+            return
+        self.entries = {}
+        if not self._load(self.driver) and self._seen is not None:
+            self.entries = known  # damaged while running: what this process knew stays
+            self._save()
+        self._remember()
+
+    def _remember(self) -> None:
+        try:
+            st = os.lstat(self.path)
+            self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except FileNotFoundError:
+            self._seen = None
+
+    def _load(self, driver: str) -> bool:
+        """Read the file; False when it is damaged (said, counted, set aside)."""
         try:
             raw = json.loads(read_regular(self.path))
             if raw.get("version") != _VERSION:
@@ -109,7 +149,7 @@ class Book:
                 if not (_UUID.match(e.gpu) and isinstance(e.start, int)):
                     raise ValueError(f"entry {e.device!r}")
         except FileNotFoundError:
-            return
+            return True
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
             self.damaged = True
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
@@ -124,14 +164,15 @@ class Book:
             metrics.checkpoint_damage(driver, "mig-instances", "unreadable")
             with contextlib.suppress(OSError):  # a directory we cannot write: said above
                 self.path.rename(aside)
-            return
+            return False
         if raw.get("boot") != self.boot_id:
             log.info(
                 "MIG instance book %s is from an earlier boot: its instances are gone", self.path
             )
             self._save()
-            return
+            return True
         self.entries = {e.device: e for e in entries}
+        return True
 
     def put(self, entry: Entry) -> None:
         self.entries[entry.device] = entry
@@ -150,6 +191,7 @@ class Book:
         # Not fsync'd: a process crash keeps the rename (page cache), and a power loss is
         # a reboot, after which no instance exists and the book is void anyway.
         atomic_write(self.path, json.dumps(body, indent=1).encode(), durable=False)
+        self._remember()
 
 
 class NothingMade:
@@ -188,6 +230,7 @@ class MigMaker:
 
     def ours(self) -> dict[tuple[str, int, int], Entry]:
         """Our entries by (GPU UUID, profile id, placement start); call with `lock` held."""
+        self.book.refresh()
         return {e.key: e for e in self.book.entries.values()}
 
     # --- OnDemand ------------------------------------------------------------------------
@@ -197,6 +240,7 @@ class MigMaker:
         made: list[Entry] = []
         out: list[Device] = []
         with self.lock, session(self.driver_root):
+            self.book.refresh()
             try:
                 for d in devices:
                     t = target_of(d)
@@ -262,7 +306,9 @@ class MigMaker:
                 log.error("cannot undo MIG instance of %s: %s", entry.device, _said(exc))
 
     def release(self, claim_uid: str) -> None:
-        entries = [e for e in self.book.entries.values() if e.claim == claim_uid]
+        with self.lock:
+            self.book.refresh()
+            entries = [e for e in self.book.entries.values() if e.claim == claim_uid]
         if not entries:
             return
         with self.lock, session(self.driver_root):
@@ -287,6 +333,7 @@ class MigMaker:
         self.book.drop(entry.device)
 
     def reconcile(self, held: Mapping[str, frozenset[str]]) -> None:
+        self.book.refresh()
         stale = [
             e for e in self.book.entries.values() if e.device not in held.get(e.claim, frozenset())
         ]
