@@ -36,10 +36,10 @@ from dra_plugin.devices import Device, is_dns_label, is_dns_subdomain
 from dra_plugin.host.files import (
     SHARED_DIR_MODE,
     atomic_write,
-    is_regular,
     kind,
     make_dir,
     own_dir,
+    read_json,
     remove_any,
     remove_unexpected,
 )
@@ -275,13 +275,23 @@ class MetadataFiles:
         return self.remove(rec.namespace, rec.name, rec.uid, rec)
 
     def present(self, rec: ClaimRecord) -> bool:
+        """Whether every file the record lists is there as we wrote it (each spec exactly:
+        it is rendered from the record alone; each metadata file this claim's and
+        request's; each directory level a directory), else a re-prepare writes them."""
         meta = recorded(rec)
-        return all(
-            is_regular(self.spec_file(rec.uid, r.name))
-            and self._real_dirs(rec.namespace, rec.name)
-            and is_regular(self.host_file(rec.namespace, rec.name, r.name))
-            for r in (meta.requests if meta else ())
-        )
+        for req in meta.requests if meta else ():
+            assert meta is not None
+            host = self.host_file(rec.namespace, rec.name, req.name)
+            if any(kind(d) != "dir" for d in (self.base, host.parent.parent, host.parent)):
+                return False
+            spec = read_json(self.spec_file(rec.uid, req.name))
+            doc = read_json(host)
+            if spec != self.spec(rec, meta, req) or not isinstance(doc, dict):
+                return False
+            asked = [r.get("name") for r in doc.get("requests") or [] if isinstance(r, dict)]
+            if (doc.get("metadata") or {}).get("uid") != rec.uid or asked != [req.ref]:
+                return False
+        return True
 
     def _real_dirs(self, namespace: str, name: str) -> bool:
         """Whether the metadata dir and the claim's dir are directories, not links: only

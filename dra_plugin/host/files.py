@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import logging
 import os
 import secrets
@@ -20,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 _deferred = threading.local()
 log = logging.getLogger(__name__)
@@ -155,6 +157,15 @@ def read_regular(path: Path) -> bytes:
 
 def is_regular(path: Path) -> bool:
     return kind(path) == "file"
+
+
+def read_json(path: Path) -> Any:
+    """A regular file's JSON, never read through a link; None when it is missing, not a
+    regular file, unreadable or not JSON (torn, damaged, nested beyond reason)."""
+    try:
+        return json.loads(read_regular(path))
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def remove_any(path: Path) -> bool:

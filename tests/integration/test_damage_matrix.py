@@ -12,8 +12,6 @@ docs/architecture.md ("Damage matrix") lists what each case costs.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +37,7 @@ from tests.fakes.claim_harness import (
     share_id,
     uid,
 )
+from tests.fakes.damage import fingerprint
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 SHARES = 2
@@ -132,16 +131,6 @@ class Node:
             assert n <= SHARES, f"{device}: {n} shares of {SHARES}"
 
 
-def _tree(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = Path(dirpath, name)
-            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            out[str(p.relative_to(root))] = digest
-    return out
-
-
 def _targets(node: Node, a_uid: str) -> dict[str, Path]:
     state, cdi_dir = node.root / "state", node.root / "cdi"
     claim_dir = state / dm.SUBDIR / "default_claim-1"
@@ -196,7 +185,7 @@ def test_damage(tmp_path: Path, target: str, how: str, when: str, vendor: str) -
     (victim / "dir").mkdir(parents=True)
     (victim / "file").write_text("not ours\n")
     (victim / "dir" / "metadata.json").write_text("{}\n")
-    outside = _tree(victim)
+    outside = fingerprint(victim)
     node = Node(tmp_path / "node", vendor, victim)
     node.root.mkdir()
     node.start()
@@ -232,4 +221,4 @@ def test_damage(tmp_path: Path, target: str, how: str, when: str, vendor: str) -
     node.start()
     held = [p.name for p in (node.root / "cdi").iterdir() if uid(1)[:8] in p.name]
     assert held == [], held
-    assert _tree(victim) == outside, "something outside our directories was changed"
+    assert fingerprint(victim) == outside, "something outside our directories was changed"

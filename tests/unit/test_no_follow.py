@@ -5,8 +5,6 @@ on one. A victim directory outside our dirs must come through every case unchang
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from tests.fakes.claim_harness import (
     result,
     uid,
 )
+from tests.fakes.damage import fingerprint
 
 DEVICES = [intel_device(i) for i in range(2)]
 D0, D1 = DEVICES[0].name, DEVICES[1].name
@@ -43,21 +42,11 @@ def victim(tmp_path: Path) -> Path:
     return v
 
 
-def _tree(root: Path) -> dict[str, str]:
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in dirs + files:
-            p = Path(dirpath, name)
-            rel = str(p.relative_to(root))
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-    return out
-
-
 @pytest.fixture
 def untouched(victim: Path):  # type: ignore[no-untyped-def]
-    before = _tree(victim)
+    before = fingerprint(victim)
     yield victim
-    assert _tree(victim) == before, "something outside our directories was changed"
+    assert fingerprint(victim) == before, "something outside our directories was changed"
 
 
 def _meta_dir(root: Path) -> Path:
