@@ -91,16 +91,24 @@ class Gates:
                     got.get("metadata", {}).get("name"),
                 )
 
-    def _fall_back_to_static(self, driver: str) -> None:
+    def counters_unsupported(self, driver: str, version: str) -> None:
+        """The server serves resource.k8s.io only in an older version than v1, whose
+        counter shape this plugin does not write (Kubernetes before 1.34)."""
+        if driver not in self.drops_counters:
+            self._fall_back_to_static(
+                driver, f"the API server has no resource.k8s.io/v1 ({version})"
+            )
+
+    def _fall_back_to_static(self, driver: str, why: str = "") -> None:
         self.drops_counters.add(driver)
         metrics.fields_dropped(driver, "DRAPartitionableDevices")
         log.warning(
-            "the API server dropped sharedCounters/consumesCounters: partitions made on "
-            "demand need the DRAPartitionableDevices feature gate (beta and on by default "
-            "from Kubernetes 1.36) on the API server and scheduler; publishing driver=%s "
-            "without them (partitions that exist already, made by an administrator, "
-            "stay published). Enable the gate and restart the plugin, or turn partitions "
-            "off to silence this",
+            "%s: partitions made on demand need the DRAPartitionableDevices feature gate "
+            "(beta and on by default from Kubernetes 1.36) on the API server and scheduler; "
+            "publishing driver=%s without them (partitions that exist already, made by an "
+            "administrator, stay published). Enable the gate and restart the plugin, or "
+            "turn partitions off to silence this",
+            why or "the API server dropped sharedCounters/consumesCounters",
             driver,
         )
 

@@ -213,6 +213,8 @@ class SlicePublisher:
         self._version = self._api.known_resource_version() or self._version
         if not self._version:
             self._version = await self._api.resource_api_version()
+        if self._version != "v1" and any(d.consumes for d in devices):
+            self._gates.counters_unsupported(driver, self._version)
         desired = desired_slices(
             self.node_name,
             self._node_uid,

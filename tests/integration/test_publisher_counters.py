@@ -260,3 +260,27 @@ def test_gate_flipped_off_between_writes_falls_back() -> None:
         assert slices[0]["spec"]["pool"]["resourceSliceCount"] == 1
         assert sorted(d["name"] for d in stored_devices(srv, driver)) == plain_names(2)
         assert metric_line(driver) in rendered()
+
+
+def test_a_server_without_v1_publishes_no_partition_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    driver = "parts-beta.example.com"
+    with FakeAPIServer(versions=("v1beta1",)) as srv:
+        srv.add_node(NODE)
+
+        async def body(api: CallLog) -> None:
+            pub = publisher(api, (driver,))
+            pub.set_devices(driver, fleet(driver, gpus=2, parts=4, plain=3))
+            await pub.start()
+            assert await pub.wait_synced()
+            assert not pub.partitions(driver)  # nothing from partitions is prepared either
+            await pub.stop()
+
+        with caplog.at_level("WARNING", logger="dra_plugin.slices"):
+            scenario(srv, body)
+        warned = [r.getMessage() for r in caplog.records if GATE in r.getMessage()]
+        assert len(warned) == 1 and "no resource.k8s.io/v1 (v1beta1)" in warned[0]
+        assert metric_line(driver) in rendered()
+        assert not counted(stored(srv, driver))
+        assert sorted(d["name"] for d in stored_devices(srv, driver)) == plain_names(3)
