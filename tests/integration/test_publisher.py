@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import kubernetes_validate
 import pytest
@@ -121,9 +121,19 @@ def check_sent(api: RecordingAPI, version: str = "v1") -> None:
         assert apiserver.validate_slice(obj, version) == []
 
 
-def scenario(srv: FakeAPIServer, body: Callable[[RecordingAPI], Awaitable[None]]) -> None:
+Api = TypeVar("Api", bound=RecordingAPI)
+
+
+def scenario(
+    srv: FakeAPIServer,
+    body: Callable[[Api], Awaitable[None]],
+    make: Callable[[FakeAPIServer], Api] = make_api,  # type: ignore[assignment]
+) -> None:
+    """Run `body` with a client of `srv` (made by `make`); the fake must have rejected
+    nothing it was sent."""
+
     async def go() -> None:
-        api = make_api(srv)
+        api = make(srv)
         try:
             await body(api)
         finally:

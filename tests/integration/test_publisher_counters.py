@@ -4,7 +4,6 @@ off is found by one dry run before any write and answered by publishing without 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -22,6 +21,7 @@ from tests.integration.test_publisher import (
     publisher,
     watched_everything,
 )
+from tests.integration.test_publisher import scenario as publisher_scenario
 
 GATE = "DRAPartitionableDevices"
 
@@ -52,15 +52,7 @@ def make_api(srv: FakeAPIServer) -> CallLog:
 
 
 def scenario(srv: FakeAPIServer, body: Callable[[CallLog], Awaitable[None]]) -> None:
-    async def go() -> None:
-        api = make_api(srv)
-        try:
-            await body(api)
-        finally:
-            await api.close()
-
-    asyncio.run(go())
-    assert srv.invalid == []  # the fake never had to reject anything we sent
+    publisher_scenario(srv, body, make_api)
 
 
 def gpu_set(gpu: int) -> CounterSet:
