@@ -281,22 +281,18 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
         if uid not in keep and remove_spec(cdi_dir, path.name):
             removed.append(path)
     notes = _file_pattern(driver, NOTE_SUFFIX)
-    try:
-        names = os.listdir(cdi_dir)
-    except FileNotFoundError:
-        names = []
-    for name in names:  # a record written just before a crash, without its spec
-        m = notes.match(name)
-        if m and m["uid"] not in keep and remove_any(cdi_dir / name):
-            removed.append(cdi_dir / name)
     prefix = f".k8s.{driver}-{CLAIM_CLASS}_"
     try:
-        leftovers = [n for n in os.listdir(cdi_dir) if n.startswith(prefix) and ".tmp" in n]
+        names = os.listdir(cdi_dir)  # once, for the records and the temp files
     except FileNotFoundError:
-        leftovers = []
-    for name in leftovers:
-        (cdi_dir / name).unlink(missing_ok=True)
-        removed.append(cdi_dir / name)
+        names = []
+    for name in names:
+        m = notes.match(name)
+        if m and m["uid"] not in keep and remove_any(cdi_dir / name):
+            removed.append(cdi_dir / name)  # a record written just before a crash, alone
+        elif name.startswith(prefix) and ".tmp" in name:
+            (cdi_dir / name).unlink(missing_ok=True)
+            removed.append(cdi_dir / name)
     return removed
 
 

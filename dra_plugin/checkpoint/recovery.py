@@ -142,9 +142,7 @@ def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> 
     for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
         if uid in state.claims or files.kind(path) != "file":
             continue
-        if cdi.read_note(cdi_root, path.name) is None:
-            continue
-        rec = from_spec(path, driver, uid, node_name)
+        rec = from_spec(path, driver, uid, node_name)  # `recovered`: no record beside it
         if rec is not None and not rec.recovered:
             log.error(
                 "%s: its CDI spec %s exists but the checkpoint lacks it (lost journal lines?); "
