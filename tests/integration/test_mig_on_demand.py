@@ -280,3 +280,20 @@ def test_a_book_deleted_while_running_is_said_and_written_again(
     assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
     assert unprepare(node, one) == "" and unprepare(node, two) == ""
     assert live(fake) == []
+
+
+def test_a_book_damaged_while_running_is_said_and_what_was_known_stays(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
+) -> None:
+    node, api = world
+    first, second = [n for n in placements(node) if "-1g5gb-19-" in n][:2]
+    one, two = placement_claim(1, first), placement_claim(2, second)
+    assert prepare(node, api, one) == ""
+    (node.root / "state/mig-instances.json").write_text("[garbage")
+    assert prepare(node, api, two) == ""
+    assert "unusable" in caplog.text and "Written again from what this process knows" in caplog.text
+    assert list((node.root / "state").glob("mig-instances.json.corrupt-*"))
+    book = json.loads((node.root / "state/mig-instances.json").read_text())
+    assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
+    assert unprepare(node, one) == "" and unprepare(node, two) == ""
+    assert live(fake) == []

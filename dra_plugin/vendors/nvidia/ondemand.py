@@ -126,7 +126,8 @@ class Book:
             self._save()
             return
         self.entries = {}
-        if not self._load(self.driver) and self._seen is not None:
+        running = self._seen is not None
+        if not self._load(running) and running:
             self.entries = known  # damaged while running: what this process knew stays
             self._save()
         self._remember()
@@ -138,7 +139,7 @@ class Book:
         except FileNotFoundError:
             self._seen = None
 
-    def _load(self, driver: str) -> bool:
+    def _load(self, running: bool) -> bool:
         """Read the file; False when it is damaged (said, counted, set aside)."""
         try:
             raw = json.loads(read_regular(self.path))
@@ -154,14 +155,17 @@ class Book:
             self.damaged = True
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             log.error(
-                "MIG instance book %s is unusable (%s); set aside as %s. MIG instances "
-                "dra-plugin made before are now treated as an administrator's: kept and "
-                "published as static MIG devices; destroy them with nvidia-smi once unused",
+                "MIG instance book %s is unusable (%s); set aside as %s. %s",
                 self.path,
                 exc,
                 aside.name,
+                "Written again from what this process knows"
+                if running
+                else "MIG instances dra-plugin made before are now treated as an "
+                "administrator's: kept and published as static MIG devices; destroy them "
+                "with nvidia-smi once unused",
             )
-            metrics.checkpoint_damage(driver, "mig-instances", "unreadable")
+            metrics.checkpoint_damage(self.driver, "mig-instances", "unreadable")
             with contextlib.suppress(OSError):  # a directory we cannot write: said above
                 self.path.rename(aside)
             return False
