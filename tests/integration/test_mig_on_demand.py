@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -297,3 +298,46 @@ def test_a_book_damaged_while_running_is_said_and_what_was_known_stays(
     assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
     assert unprepare(node, one) == "" and unprepare(node, two) == ""
     assert live(fake) == []
+
+
+@pytest.mark.parametrize("world", ["a100-40gb-mig-empty", "h200-mig-empty"], indirect=True)
+def test_a_scheduler_allocating_by_the_published_counters_is_never_refused_by_the_node(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    """The whole path: whatever a scheduler allocates from the devices as published (their
+    consumesCounters within the counter sets) the node makes, every time, over 150 random
+    prepares and unprepares (the converse, that the counters refuse only what the GPU
+    refuses, is test_mig_partitions')."""
+    node, api = world
+    rng = random.Random(29)
+    held: dict[str, dict[str, Any]] = {}  # device -> its claim
+    for step in range(150):
+        if held and rng.random() < 0.4:
+            name = rng.choice(sorted(held))
+            assert unprepare(node, held.pop(name)) == ""
+            continue
+        used: dict[tuple[str, str], int] = {}
+        for name in held:
+            for cs, counters in node.devices[name].consumes:
+                for counter, n in counters:
+                    used[(cs.name, counter)] = used.get((cs.name, counter), 0) + n
+
+        def fits(name: str, used: dict[tuple[str, str], int] = used) -> bool:
+            for cs, counters in node.devices[name].consumes:
+                total = dict(cs.counters)
+                for counter, n in counters:
+                    if used.get((cs.name, counter), 0) + n > total[counter]:
+                        return False
+            return True
+
+        free = [n for n in placements(node) if n not in held and fits(n)]
+        if not free:
+            continue
+        name = rng.choice(free)
+        obj = placement_claim(1000 + step, name)
+        assert prepare(node, api, obj) == "", (step, name, sorted(held))
+        held[name] = obj
+    for obj in held.values():
+        assert unprepare(node, obj) == ""
+    gpus = {int(n.split("-")[1]) for n in placements(node)}
+    assert all(live(fake, gpu) == [] for gpu in gpus)
