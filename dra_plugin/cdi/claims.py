@@ -297,7 +297,7 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
 
 
 def spec_problem(
-    cdi_dir: Path, file_name: str, claim_uid: str, devices: set[str], note: str
+    cdi_dir: Path, driver: str, file_name: str, claim_uid: str, devices: set[str], note: str
 ) -> str:
     """'' when a claim's spec file is the one we wrote for it: a regular file (never read
     through a link), JSON, injecting exactly `devices`, with `note` beside it; else what
@@ -312,7 +312,6 @@ def spec_problem(
         return "is not JSON (torn or damaged)"
     if not isinstance(spec, dict):
         return "is not a CDI spec"
-    driver = file_name.removeprefix("k8s.").split(f"-{CLAIM_CLASS}_", 1)[0]
     if spec.get("kind") != kind(driver):
         return "is not this driver's claim spec"
     if set(claimed_devices(spec, driver, claim_uid)) != devices:

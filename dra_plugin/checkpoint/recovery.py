@@ -90,7 +90,7 @@ def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord 
     return ClaimRecord(uid, "", "", COMPLETED, path.name, devices, recovered=True)
 
 
-def written(state: State, cdi_root: Path) -> list[ClaimRecord]:
+def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
     """The `started` claims whose spec file and the record beside it were written whole,
     as completed records (see ClaimPreparer._drop_settled)."""
     out = []
@@ -99,7 +99,7 @@ def written(state: State, cdi_root: Path) -> list[ClaimRecord]:
         if rec.state != STARTED or not rec.spec_file:
             continue
         held = {d.device for d in rec.devices}
-        if cdi.spec_problem(cdi_root, rec.spec_file, uid, held, spec_note(rec)) == "":
+        if cdi.spec_problem(cdi_root, driver, rec.spec_file, uid, held, spec_note(rec)) == "":
             log.warning(
                 "%s: its prepare was cut off after its CDI spec was written; kept as prepared "
                 "(the kubelet prepares it again or unprepares it)",

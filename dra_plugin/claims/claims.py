@@ -247,7 +247,7 @@ class ClaimPreparer:
         whole is kept as prepared: a journal cut short looks the same, and undoing an
         acknowledged prepare would hand its device to another claim. The kubelet prepares
         it again (answered from the record) or unprepares it."""
-        written = recovery.written(state, self.cdi_root) if after_crash else []
+        written = recovery.written(state, self.cdi_root, self.driver) if after_crash else []
         if written:
             try:
                 self._checkpoint.put(written)

@@ -168,9 +168,9 @@ class SpecWriter:
         if rec.boot_id == self.checkpoint.boot_id:
             note = spec_note(rec)
             held = {d.device for d in rec.devices}
-            wrong = cdi.spec_problem(self.cdi_root, rec.spec_file, rec.uid, held, note) or (
-                "" if self.metadata.present(rec) else "device metadata files missing"
-            )
+            wrong = cdi.spec_problem(
+                self.cdi_root, self.checkpoint.driver, rec.spec_file, rec.uid, held, note
+            ) or ("" if self.metadata.present(rec) else "device metadata files missing or damaged")
             if not wrong:
                 return rec
             log.warning("%s: CDI spec %s %s; writing it again", who(rec), rec.spec_file, wrong)
