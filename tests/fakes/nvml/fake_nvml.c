@@ -762,6 +762,12 @@ typedef struct {
 
 static const unsigned CI_SLICES[] = {1, 2, 3, 4, 7, 8, 6}; /* NVML_COMPUTE_INSTANCE_PROFILE_* */
 
+/* Whether compute instance profile `ci` spans the whole of a GPU instance of profile p:
+ * the only compute instance the stand-in makes. */
+static int ci_spans(const gi_profile *p, unsigned ci) {
+    return ci < sizeof CI_SLICES / sizeof CI_SLICES[0] && CI_SLICES[ci] == p->slices;
+}
+
 /* /proc/driver/nvidia-caps/mig-minors: gpuG/giI/access is 3 + 135 G + 9 I, its ciC one more
  * plus C (config 1, monitor 2; 15 GPU instances of 8 compute instances per GPU). */
 static unsigned gi_access_minor(unsigned gpu_minor, unsigned gi) { return 3 + gpu_minor * 135 + gi * 9; }
@@ -1007,8 +1013,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(void *gi, unsigned pr
     fake_dev *m = as_gi(gi);
     if (!m || !info || eng != 0) return NVML_ERROR_INVALID_ARGUMENT;
     gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
-    if (profile >= sizeof CI_SLICES / sizeof CI_SLICES[0] || CI_SLICES[profile] != p->slices)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (!ci_spans(p, profile)) return NVML_ERROR_NOT_SUPPORTED;
     unsigned version = info->version;
     memset(info, 0, sizeof(*info));
     info->version = version;
@@ -1037,8 +1042,7 @@ nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(void *gi, unsigned profile_id,
     fake_dev *m = as_gi(gi);
     if (!m || !out) return NVML_ERROR_INVALID_ARGUMENT;
     gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
-    if (profile_id >= sizeof CI_SLICES / sizeof CI_SLICES[0] || CI_SLICES[profile_id] != p->slices)
-        return NVML_ERROR_NOT_SUPPORTED;
+    if (!ci_spans(p, profile_id)) return NVML_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_lock);
     nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_RESOURCES;
     if (!m->has_ci) {
@@ -1100,8 +1104,7 @@ nvmlReturn_t nvmlGpuInstanceGetComputeInstances(void *gi, unsigned profile_id, v
     fake_dev *m = as_gi(gi);
     if (!m || !count) return NVML_ERROR_INVALID_ARGUMENT;
     gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
-    int match = m->has_ci && profile_id < sizeof CI_SLICES / sizeof CI_SLICES[0] &&
-                CI_SLICES[profile_id] == p->slices;
+    int match = m->has_ci && ci_spans(p, profile_id);
     if (match && cis) cis[0] = &g_cis[m - g_migs];
     *count = match ? 1 : 0;
     return NVML_SUCCESS;
@@ -1125,7 +1128,7 @@ nvmlReturn_t nvmlDeviceCreateGpuInstance(void *h, unsigned profile_id, void **ou
 /* The one full-size compute instance profile of a GPU instance, or -1. */
 static int full_ci_profile(const fake_dev *m, unsigned profile_id) {
     const gi_profile *p = &g_gpus[m->gpu].profiles[m->profile_index];
-    int ok = profile_id < sizeof CI_SLICES / sizeof CI_SLICES[0] && CI_SLICES[profile_id] == p->slices;
+    int ok = ci_spans(p, profile_id);
     return ok ? (int)p->slices : -1;
 }
 
