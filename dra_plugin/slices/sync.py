@@ -27,14 +27,14 @@ def _normal_device(device: Obj) -> Obj:
     if dev.get("capacity"):
         caps = {k: dict(v) for k, v in dev["capacity"].items()}
         for cap in caps.values():
-            with contextlib.suppress(ValueError):
-                cap["value"] = str(parse_quantity(str(cap.get("value"))).normalize())
+            if "value" in cap:
+                cap["value"] = _normal_quantity(cap["value"])
             if isinstance(cap.get("requestPolicy"), dict):
                 cap["requestPolicy"] = normal_policy(cap["requestPolicy"])
         dev["capacity"] = caps
     if dev.get("consumesCounters"):
         dev["consumesCounters"] = [
-            {**use, "counters": normal_counters(use.get("counters") or {})}
+            {**use, "counters": _normal_counters(use.get("counters") or {})}
             for use in dev["consumesCounters"]
         ]
     if dev.get("taints"):
@@ -46,15 +46,17 @@ def _normal_device(device: Obj) -> Obj:
     return {k: v for k, v in dev.items() if v not in (None, {}, [])}
 
 
-def normal_counters(counters: Obj) -> Obj:
-    """Counter values as one spelling of their quantity ("1" and "1000m" are equal)."""
-    out = {}
-    for name, counter in counters.items():
-        value = (counter or {}).get("value")
-        with contextlib.suppress(ValueError):
-            value = str(parse_quantity(str(value)).normalize())
-        out[name] = {"value": value}
-    return out
+def _normal_quantity(value: Any) -> Any:
+    """One spelling of a quantity ("1" and "1000m" are equal); not a quantity: as it is."""
+    with contextlib.suppress(ValueError):
+        return str(parse_quantity(str(value)).normalize())
+    return value
+
+
+def _normal_counters(counters: Obj) -> Obj:
+    return {
+        name: {"value": _normal_quantity((c or {}).get("value"))} for name, c in counters.items()
+    }
 
 
 def content_key(obj: Obj) -> str:
@@ -67,7 +69,7 @@ def content_key(obj: Obj) -> str:
             "pool": (spec.get("pool") or {}).get("name"),
             "devices": [_normal_device(d) for d in spec.get("devices") or []],
             "sharedCounters": [
-                {**cs, "counters": normal_counters(cs.get("counters") or {})}
+                {**cs, "counters": _normal_counters(cs.get("counters") or {})}
                 for cs in spec.get("sharedCounters") or []
             ],
         },

@@ -47,6 +47,7 @@ class GiProfile:
     jpeg_engines: int
     ofa_engines: int
     memory_mib: int
+    instances: int = 1  # how many GPU instances of it the GPU can hold at once
 
 
 def memory_gb(total_bytes: int, memory_mib: int) -> int:

@@ -30,13 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from dra_plugin.devices import Device, DeviceNode
+from dra_plugin.devices import Device
 from dra_plugin.host.files import atomic_write, read_regular
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.nvidia.model import mig_cap_nodes
 from dra_plugin.vendors.nvidia.nvml import miginstances as mi
 from dra_plugin.vendors.nvidia.nvml.library import session
+from dra_plugin.vendors.nvidia.partitions import with_instance
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,6 @@ class Book:
         self.boot_id = boot_id
         self.driver = driver
         self.entries: dict[str, Entry] = {}
-        self.damaged = False
         self._seen: tuple[int, int, int] | None = None  # the file as last read or written
         self.refresh()
 
@@ -152,7 +152,6 @@ class Book:
         except FileNotFoundError:
             return True
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            self.damaged = True
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             log.error(
                 "MIG instance book %s is unusable (%s); set aside as %s. %s",
@@ -253,7 +252,7 @@ class MigMaker:
                 self._undo(made)
                 if isinstance(exc, MakeError):
                     raise
-                raise MakeError(f"cannot make the MIG instance: {_said(exc)}") from None
+                raise MakeError(f"cannot make the MIG instance: {mi.said(exc)}") from None
         self.changed()
         return out
 
@@ -300,29 +299,29 @@ class MigMaker:
         caps = mig_cap_nodes(self.proc_root, t.minor, gi_id, ci_id)
         if isinstance(caps, Path):
             raise MakeError(f"{d.name}: {caps} is not readable: the container could not use it")
-        return made_device(d, entry, caps)
+        return with_instance(d, uuid, gi_id, ci_id, caps)
 
     def _undo(self, made: list[Entry]) -> None:
         for entry in reversed(made):
             try:
                 self._destroy(entry)
             except Exception as exc:  # noqa: BLE001 - kept in the book: start-up retries
-                log.error("cannot undo MIG instance of %s: %s", entry.device, _said(exc))
+                log.error("cannot undo MIG instance of %s: %s", entry.device, mi.said(exc))
 
     def release(self, claim_uid: str) -> None:
         with self.lock:
             self.book.refresh()
             entries = [e for e in self.book.entries.values() if e.claim == claim_uid]
-        if not entries:
-            return
-        with self.lock, session(self.driver_root):
-            for entry in entries:
-                try:
-                    self._destroy(entry)
-                except Exception as exc:  # noqa: BLE001 - the claim's error, retried
-                    raise MakeError(
-                        f"{entry.device}: cannot destroy its MIG instance: {_said(exc)}"
-                    ) from None
+            if not entries:
+                return
+            with session(self.driver_root):
+                for entry in entries:
+                    try:
+                        self._destroy(entry)
+                    except Exception as exc:  # noqa: BLE001 - the claim's error, retried
+                        raise MakeError(
+                            f"{entry.device}: cannot destroy its MIG instance: {mi.said(exc)}"
+                        ) from None
         self.changed()
 
     def _destroy(self, entry: Entry) -> None:
@@ -337,38 +336,27 @@ class MigMaker:
         self.book.drop(entry.device)
 
     def reconcile(self, held: Mapping[str, frozenset[str]]) -> None:
-        self.book.refresh()
-        stale = [
-            e for e in self.book.entries.values() if e.device not in held.get(e.claim, frozenset())
-        ]
-        if not stale:
-            return
-        with self.lock, session(self.driver_root):
-            for entry in stale:
-                log.warning(
-                    "MIG instance of %s was made for claim %s, which no longer holds it "
-                    "(interrupted prepare or unprepare): destroying it",
-                    entry.device,
-                    entry.claim,
-                )
-                try:
-                    self._destroy(entry)
-                except Exception as exc:  # noqa: BLE001 - kept: the next start retries
-                    log.error("cannot destroy MIG instance of %s: %s", entry.device, _said(exc))
+        with self.lock:
+            self.book.refresh()
+            stale = [
+                e
+                for e in self.book.entries.values()
+                if e.device not in held.get(e.claim, frozenset())
+            ]
+            if not stale:
+                return
+            with session(self.driver_root):
+                for entry in stale:
+                    log.warning(
+                        "MIG instance of %s was made for claim %s, which no longer holds it "
+                        "(interrupted prepare or unprepare): destroying it",
+                        entry.device,
+                        entry.claim,
+                    )
+                    try:
+                        self._destroy(entry)
+                    except Exception as exc:  # noqa: BLE001 - kept: the next start retries
+                        log.error(
+                            "cannot destroy MIG instance of %s: %s", entry.device, mi.said(exc)
+                        )
         self.changed()
-
-
-def made_device(d: Device, entry: Entry, caps: list[DeviceNode]) -> Device:
-    """The placement device as its claim gets it: the MIG instance's UUID, ids and
-    /dev/nvidia-caps nodes (what static MIG devices carry)."""
-    extra = {**dict(d.extra), "uuid": entry.uuid or "", "gi": str(entry.gi), "ci": str(entry.ci)}
-    return replace(
-        d,
-        uuid=entry.uuid,
-        nodes=(*d.nodes, *caps),
-        extra=tuple(sorted(extra.items())),
-    )
-
-
-def _said(exc: Exception) -> str:
-    return mi.said(exc)

@@ -21,9 +21,9 @@ up, and refuse layouts NVML accepts where they do not, so they are left out
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from dra_plugin.devices import CounterSet, Device, make_device
+from dra_plugin.devices import CounterSet, Device, DeviceNode, make_device
 from dra_plugin.vendors.nvidia.mig import GiProfile, capacities, profile_name
 from dra_plugin.vendors.nvidia.model import CONTROL_NODES, NVIDIA, GpuFacts, fit, mig_name
 
@@ -157,3 +157,11 @@ def placement_device(driver: str, facts: GpuFacts, gpu: GpuPartitions, p: Placem
                "placement": target},
         consumes=[(counter_set(gpu), gpu.consumes(p))],
     )  # fmt: skip
+
+
+def with_instance(d: Device, uuid: str, gi: int, ci: int, caps: Sequence[DeviceNode]) -> Device:
+    """A placement device whose MIG instance exists: its UUID, ids and /dev/nvidia-caps
+    nodes, as a static MIG device carries them (so CDI, health and telemetry treat both
+    alike)."""
+    extra = {**dict(d.extra), "uuid": uuid, "gi": str(gi), "ci": str(ci)}
+    return replace(d, uuid=uuid, nodes=(*d.nodes, *caps), extra=tuple(sorted(extra.items())))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,6 +25,7 @@ from dra_plugin.devices import (
     semver,
 )
 from dra_plugin.vendors.nvidia import mig
+from dra_plugin.vendors.nvidia.mig import GiProfile
 from dra_plugin.vendors.nvidia.model import (
     GpuFacts,
     architecture_name,
@@ -45,9 +46,9 @@ from dra_plugin.vendors.nvidia.nvml.library import (
     describe_error,
     session,
 )
-from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances, mig_handles
 from dra_plugin.vendors.nvidia.nvml.migprofiles import gi_profiles, possible_placements
-from dra_plugin.vendors.nvidia.partitions import partitions, placement_device
+from dra_plugin.vendors.nvidia.partitions import partitions, placement_device, with_instance
 
 log = logging.getLogger(__name__)
 
@@ -245,10 +246,11 @@ class _Discovery:
         of them covers as a device made on demand (the instances this plugin made for
         claims carry their MIG UUID, so health and telemetry follow them)."""
         with made.lock:  # not while an instance of ours is half made
-            profiles = possible_placements(h)
-            live = gpu_instances(h, [gi.id for gi, _, _ in profiles])
+            gis = gi_profiles(h)
+            profiles = possible_placements(h, gis)
+            live = gpu_instances(h, gis)
             ours = {(p, s): e for (u, p, s), e in made.ours().items() if u == gpu.uuid}
-            static = self.migs(h, gpu, total_memory, skip=set(ours))
+            static = self.migs(h, gpu, total_memory, skip=set(ours), profiles=gis)
         taken = [(g.start, g.size) for g in live if (g.profile_id, g.start) not in ours]
         parts = partitions(gpu.minor, total_memory, profiles, taken)
         if not parts.placements:
@@ -259,13 +261,8 @@ class _Discovery:
             entry = ours.get((place.profile.id, place.start))
             if entry is not None and entry.uuid and entry.gi is not None and entry.ci is not None:
                 caps = mig_cap_nodes(self.proc_root, gpu.minor, entry.gi, entry.ci)
-                dev = replace(
-                    dev,
-                    uuid=entry.uuid,
-                    nodes=(*dev.nodes, *(caps if isinstance(caps, list) else [])),
-                    extra=tuple(sorted({**dict(dev.extra), "uuid": entry.uuid,
-                                        "gi": str(entry.gi), "ci": str(entry.ci)}.items())),
-                )  # fmt: skip
+                nodes = caps if isinstance(caps, list) else []
+                dev = with_instance(dev, entry.uuid, entry.gi, entry.ci, nodes)
             out.append(dev)
         return static + out
 
@@ -275,18 +272,15 @@ class _Discovery:
         gpu: GpuFacts,
         total_memory: int,
         skip: Collection[tuple[int, int]] = (),
+        profiles: Mapping[int, GiProfile] | None = None,
     ) -> list[Device]:
-        """The MIG devices that exist; `skip`: (profile id, start) of those made on demand."""
+        """The MIG devices that exist; `skip`: (profile id, start) of those made on demand;
+        `profiles`: the GPU's instance profiles, when already read."""
         devices: list[Device] = []
         names: set[str] = set()
-        profiles = self.opt(f"gpu-{gpu.minor} MIG profiles", gi_profiles, h) or {}
-        for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
-            try:
-                mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
-            except pynvml.NVMLError as e:
-                if code_of(e) in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
-                    continue  # an empty slot
-                raise
+        if profiles is None:
+            profiles = self.opt(f"gpu-{gpu.minor} MIG profiles", gi_profiles, h) or {}
+        for mh in mig_handles(h):
             gi = int(pynvml.nvmlDeviceGetGpuInstanceId(mh))
             ci = int(pynvml.nvmlDeviceGetComputeInstanceId(mh))
             uuid = str(pynvml.nvmlDeviceGetUUID(mh))

@@ -9,7 +9,7 @@ creates) is no MIG device, yet it holds its memory slices.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,19 +50,28 @@ class GpuInstance:
     compute: tuple[int, ...]  # its compute instance ids (empty: none yet)
 
 
+def _listed(call: Callable[..., Any], parent: Any, profile: int, kind: Any) -> list[Any]:
+    """The GPU (or compute) instances of one profile that `call` (nvmlDeviceGetGpuInstances,
+    nvmlGpuInstanceGetComputeInstances) lists; none where the profile has none."""
+    count = ctypes.c_uint(0)
+    array = (kind * 8)()  # at most 7 GPU instances of a profile, 8 compute instances
+    try:
+        call(parent, profile, array, ctypes.byref(count))
+    except pynvml.NVMLError as e:
+        if code_of(e) in (pynvml.NVML_ERROR_NOT_SUPPORTED, *_GONE):
+            return []
+        raise
+    return list(array[: count.value])
+
+
 def gpu_instances(h: Handle, profile_ids: Iterable[int]) -> list[GpuInstance]:
     """Every GPU instance of the given profiles on the GPU, with its compute instances."""
     out = []
     for profile_id in profile_ids:
-        count = ctypes.c_uint(0)
-        array = (pynvml.c_nvmlGpuInstance_t * 8)()
-        try:
-            pynvml.nvmlDeviceGetGpuInstances(h, profile_id, array, ctypes.byref(count))
-        except pynvml.NVMLError as e:
-            if code_of(e) in (pynvml.NVML_ERROR_NOT_SUPPORTED, *_GONE):
-                continue
-            raise
-        for gi in array[: count.value]:
+        listed = _listed(
+            pynvml.nvmlDeviceGetGpuInstances, h, profile_id, pynvml.c_nvmlGpuInstance_t
+        )
+        for gi in listed:
             info = pynvml.nvmlGpuInstanceGetInfo(gi)
             out.append(
                 GpuInstance(
@@ -77,17 +86,13 @@ def gpu_instances(h: Handle, profile_ids: Iterable[int]) -> list[GpuInstance]:
 
 
 def _compute_ids(gi: Any) -> tuple[int, ...]:
-    ids = []
-    for profile in _CI_PROFILE_BY_SLICES.values():
-        count = ctypes.c_uint(0)
-        array = (pynvml.c_nvmlComputeInstance_t * 8)()
-        try:
-            pynvml.nvmlGpuInstanceGetComputeInstances(gi, profile, array, ctypes.byref(count))
-        except pynvml.NVMLError as e:
-            if code_of(e) in (pynvml.NVML_ERROR_NOT_SUPPORTED, *_GONE):
-                continue
-            raise
-        ids += [int(pynvml.nvmlComputeInstanceGetInfo(ci).id) for ci in array[: count.value]]
+    ids = [
+        int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
+        for profile in _CI_PROFILE_BY_SLICES.values()
+        for ci in _listed(
+            pynvml.nvmlGpuInstanceGetComputeInstances, gi, profile, pynvml.c_nvmlComputeInstance_t
+        )
+    ]
     return tuple(sorted(ids))
 
 
@@ -119,15 +124,20 @@ def make_compute_instance(h: Handle, gi_id: int, slices: int) -> int:
     return int(pynvml.nvmlComputeInstanceGetInfo(ci).id)
 
 
-def mig_uuid(h: Handle, gi_id: int, ci_id: int) -> str | None:
-    """The MIG device UUID of compute instance `ci_id` in GPU instance `gi_id`."""
+def mig_handles(h: Handle) -> Iterator[Handle]:
+    """The MIG device handles of a GPU in MIG mode (one per compute instance; empty
+    slots skipped)."""
     for slot in range(int(pynvml.nvmlDeviceGetMaxMigDeviceCount(h))):
         try:
-            mh = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            yield pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
         except pynvml.NVMLError as e:
-            if code_of(e) in _GONE:
-                continue
-            raise
+            if code_of(e) not in _GONE:
+                raise
+
+
+def mig_uuid(h: Handle, gi_id: int, ci_id: int) -> str | None:
+    """The MIG device UUID of compute instance `ci_id` in GPU instance `gi_id`."""
+    for mh in mig_handles(h):
         if (
             int(pynvml.nvmlDeviceGetGpuInstanceId(mh)) == gi_id
             and int(pynvml.nvmlDeviceGetComputeInstanceId(mh)) == ci_id

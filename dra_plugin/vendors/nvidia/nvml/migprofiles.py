@@ -4,6 +4,7 @@ driver asks, nvmlDeviceGetGpuInstanceProfileInfo per NVML_GPU_INSTANCE_PROFILE_*
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Mapping
 from typing import Any
 
 import pynvml
@@ -51,17 +52,20 @@ def gi_profiles(h: Handle) -> dict[int, GiProfile]:
             jpeg_engines=int(info.jpegCount),
             ofa_engines=int(info.ofaCount),
             memory_mib=int(info.memorySizeMB),
+            instances=int(info.instanceCount),
         )
     return out
 
 
-def possible_placements(h: Handle) -> list[tuple[GiProfile, int, list[tuple[int, int]]]]:
+def possible_placements(
+    h: Handle, profiles: Mapping[int, GiProfile] | None = None
+) -> list[tuple[GiProfile, int, list[tuple[int, int]]]]:
     """(profile, instance count, placements as (start, size)) for every GPU instance profile
-    of a GPU in MIG mode: where NVML could make each (nvmlDeviceGetGpuInstance-
-    PossiblePlacements_v2). Reads only; NVMLError when the GPU is not in MIG mode."""
+    of a GPU in MIG mode (`profiles`: gi_profiles(h), when already read): where NVML could
+    make each (nvmlDeviceGetGpuInstancePossiblePlacements_v2). Reads only; NVMLError when
+    the GPU is not in MIG mode."""
     out = []
-    for profile_id, gi in gi_profiles(h).items():
-        info = _profile_info(h, gi.index)
+    for profile_id, gi in (gi_profiles(h) if profiles is None else profiles).items():
         count = ctypes.c_uint(0)
         pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, profile_id, None, ctypes.byref(count))
         places = (pynvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
@@ -69,5 +73,5 @@ def possible_placements(h: Handle) -> list[tuple[GiProfile, int, list[tuple[int,
             h, profile_id, places, ctypes.byref(count)
         )
         listed = [(int(p.start), int(p.size)) for p in places[: count.value]]
-        out.append((gi, int(info.instanceCount), listed))
+        out.append((gi, gi.instances, listed))
     return out
