@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,33 +267,34 @@ def test_two_plugin_pods_side_by_side_keep_one_book(
     assert live(fake) == []
 
 
-def test_a_book_deleted_while_running_is_said_and_written_again(
-    world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
-) -> None:
-    node, api = world
-    first, second = [n for n in placements(node) if "-1g5gb-19-" in n][:2]
-    one, two = placement_claim(1, first), placement_claim(2, second)
-    assert prepare(node, api, one) == ""
-    (node.root / "state/mig-instances.json").unlink()
-    assert prepare(node, api, two) == ""
-    assert "was deleted while running" in caplog.text
-    book = json.loads((node.root / "state/mig-instances.json").read_text())
-    assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
-    assert unprepare(node, one) == "" and unprepare(node, two) == ""
-    assert live(fake) == []
-
-
+@pytest.mark.parametrize(
+    ("damage", "said", "aside"),
+    [
+        (Path.unlink, ["was deleted while running"], False),
+        (
+            lambda p: p.write_text("[garbage"),
+            ["unusable", "Written again from what this process knows"],
+            True,
+        ),
+    ],
+    ids=["deleted", "garbage"],
+)
 def test_a_book_damaged_while_running_is_said_and_what_was_known_stays(
-    world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
+    world: tuple[MigNode, FakeApi],
+    fake: FakeNvml,
+    caplog: pytest.LogCaptureFixture,
+    damage: Callable[[Path], object],
+    said: list[str],
+    aside: bool,
 ) -> None:
     node, api = world
     first, second = [n for n in placements(node) if "-1g5gb-19-" in n][:2]
     one, two = placement_claim(1, first), placement_claim(2, second)
     assert prepare(node, api, one) == ""
-    (node.root / "state/mig-instances.json").write_text("[garbage")
+    damage(node.root / "state/mig-instances.json")
     assert prepare(node, api, two) == ""
-    assert "unusable" in caplog.text and "Written again from what this process knows" in caplog.text
-    assert list((node.root / "state").glob("mig-instances.json.corrupt-*"))
+    assert all(text in caplog.text for text in said), caplog.text
+    assert bool(list((node.root / "state").glob("mig-instances.json.corrupt-*"))) == aside
     book = json.loads((node.root / "state/mig-instances.json").read_text())
     assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
     assert unprepare(node, one) == "" and unprepare(node, two) == ""
