@@ -1,0 +1,96 @@
+"""Builds the judge programs of judges/ once per source state.
+
+The binaries live in judges/.bin/<key>/, where the key hashes go.mod, go.sum, every Go
+source file of the module and the Go toolchain's version: a change to any of them builds
+again, so no test runs a stale binary. Go's own module and build caches only make a
+rebuild faster; a fresh machine builds from the module proxy. Concurrent test processes
+build once (a file lock).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+JUDGES = Path(__file__).resolve().parents[2] / "judges"
+BIN_ROOT = JUDGES / ".bin"
+
+
+class JudgeBuildError(RuntimeError):
+    """The judges could not be built (no Go, a module the proxy refused, a compile error)."""
+
+
+@dataclass(frozen=True)
+class Built:
+    dir: Path
+    key: str
+    seconds: float  # 0.0 when an earlier run built this key
+
+    def binary(self, name: str) -> Path:
+        path = self.dir / name
+        if not path.is_file():
+            raise JudgeBuildError(f"judge {name!r} was not built: no {path}")
+        return path
+
+
+def _go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise JudgeBuildError("the judges need Go (go1.26+) on PATH")
+    return go
+
+
+def source_key(go: str | None = None) -> str:
+    """What a judge binary depends on: the module files, the sources, the toolchain."""
+    go = go or _go()
+    digest = hashlib.sha256()
+    version = subprocess.run([go, "version"], capture_output=True, text=True, check=True)
+    digest.update(version.stdout.encode())
+    files = [JUDGES / "go.mod", JUDGES / "go.sum"]
+    files += sorted(p for p in JUDGES.rglob("*.go") if ".bin" not in p.relative_to(JUDGES).parts)
+    for path in files:
+        digest.update(str(path.relative_to(JUDGES)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def build() -> Built:
+    """Every program under judges/cmd/, built for the current sources."""
+    go = _go()
+    key = source_key(go)
+    out = BIN_ROOT / key
+    BIN_ROOT.mkdir(exist_ok=True)
+    with open(BIN_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "build.json").is_file():
+            return Built(out, key, 0.0)
+        tmp = BIN_ROOT / f".{key}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        t0 = time.monotonic()
+        env = dict(os.environ, CGO_ENABLED="0")
+        proc = subprocess.run(
+            [go, "build", "-trimpath", "-o", str(tmp) + "/", "./cmd/..."],
+            cwd=JUDGES,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise JudgeBuildError(f"go build ./cmd/... in {JUDGES} failed:\n{proc.stderr[-4000:]}")
+        seconds = time.monotonic() - t0
+        (tmp / "build.json").write_text(json.dumps({"key": key, "seconds": round(seconds, 1)}))
+        # Older keys are stale by definition: drop them so the folder does not grow.
+        for old in BIN_ROOT.iterdir():
+            if old.is_dir() and old.name not in (key, tmp.name):
+                shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(out)
+        return Built(out, key, seconds)
