@@ -239,6 +239,7 @@ class DriverServer:
         self.registration = _RegistrationServicer(driver, str(dra_socket), versions)
         self._dra: grpc.aio.Server | None = None
         self._reg: grpc.aio.Server | None = None
+        self._stopped = False
 
     async def _listen(self, server: grpc.aio.Server, path: Path, mode: int) -> None:
         prepare_socket_path(path)
@@ -280,12 +281,18 @@ class DriverServer:
             self._reg = None
 
     async def stop(self, grace_seconds: float) -> None:
+        """Idempotent: the daemon's shutdown stops the server, and the exit stack's clean-up
+        (there for a start that fails half-way) calls this again; once a call has finished,
+        later ones do nothing, so each driver logs one `stopped` line."""
+        if self._stopped:
+            return
         await self.stop_registration()
         if self._dra is not None:
             # Lets in-flight prepare/unprepare calls finish, refuses new ones.
             await self._dra.stop(grace_seconds)
             self._dra = None
         _remove_socket(self.dra_socket)
+        self._stopped = True
         log.info("stopped driver=%s", self.driver)
 
 

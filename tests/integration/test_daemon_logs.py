@@ -1,5 +1,6 @@
-"""Logs cannot be forged: the kubelet passes claim names, namespaces and UIDs through as
-they are, so a newline or NUL in one must come out escaped from the real daemon."""
+"""The real daemon's logs. They cannot be forged: the kubelet passes claim names, namespaces
+and UIDs through as they are, so a newline or NUL in one must come out escaped. And each
+event is one line: a driver's shutdown is logged once."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, Cluster
+from tests.fakes.cluster import INTEL, NVIDIA, Cluster
 from tests.fakes.kubelet import Claim
 from tests.fakes.simnode import unavailable_reason
 
@@ -59,3 +60,19 @@ def test_json_logs_stay_one_valid_object_per_line(tmp_path: Path) -> None:
     messages = [r["msg"] for r in records]
     # The values come back exactly as the kubelet sent them once the JSON is read.
     assert any(HOSTILE.uid in m for m in messages if "prepare failed" in m), messages
+
+
+def test_sigterm_logs_one_stopped_line_per_driver(tmp_path: Path) -> None:
+    """The shutdown stops each driver's server, and the exit stack's clean-up (there for a
+    start that fails half-way) stopped it again: two `stopped driver=` lines per driver."""
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
+    try:
+        daemon = c.start_daemon()
+        daemon.wait_ready([INTEL, NVIDIA])
+        assert daemon.terminate() == 0
+        lines = daemon.logs().splitlines()
+    finally:
+        c.close()
+    stopped = [ln.split("stopped driver=", 1)[1] for ln in lines if "stopped driver=" in ln]
+    assert sorted(stopped) == sorted([INTEL, NVIDIA]), lines
+    assert sum(ln.endswith("dra_plugin.daemon: stopped") for ln in lines) == 1, lines
