@@ -107,7 +107,7 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 
 def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     from dra_plugin.doctor import report as doctor
-    from dra_plugin.kubeapi import ApiError, KubeAPI
+    from dra_plugin.kubeapi import ApiError, KubeAPI, NoCredentials
 
     # Without a usable client doctor says the API was not checked, and why.
     api: KubeAPI | None = None
@@ -118,6 +118,8 @@ def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     else:
         try:
             api = KubeAPI.from_config(cfg)
+        except NoCredentials as exc:  # where it looked; the finding says what to do, once
+            unusable = exc.looked
         except ApiError as exc:
             unusable = f"{given}: {exc}" if cfg.kubeconfig else str(exc)
     try:

@@ -1,12 +1,12 @@
 """The main flow of `dra-plugin run`, top to bottom. Read this file first.
 
-1. Bind what can fail on bad settings before the kubelet can see us: directories, the API
-client, the metrics listener (on failure: one line naming the setting, exit 2, whatever
-we created removed); 2. discover devices; 3. checkpoint recovery and CDI garbage collection;
-4. per driver: DRA socket, then registration socket; 5. ResourceSlice publisher, fed by
-hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM: registration
-sockets first, let in-flight calls finish, remove our sockets. ResourceSlices are left in
-place: the next instance (rolling update) or the Node's garbage collection owns them.
+1. Bind what can fail on bad settings before the kubelet can see us: the API client (its
+credentials), directories, the metrics listener (on failure: one line naming the setting,
+exit 2, whatever we created removed); 2. discover devices; 3. checkpoint recovery and CDI
+garbage collection; 4. per driver: DRA socket, then registration socket; 5. ResourceSlice
+publisher, fed by hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM:
+registration sockets first, let in-flight calls finish, remove our sockets. ResourceSlices
+are left in place: the next instance (rolling update) or the Node's garbage collection owns them.
 
 Every step enters what it starts into one exit stack, so one path undoes it all, in reverse
 order, after a signal, a start-up error or a bug. A vendor's unexpected exception stays in
@@ -115,9 +115,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
 
     # 1. What bad settings break, bound before any socket: the kubelet must never see a
     #    plugin that is about to exit.
-    await _bind(cfg, stack, healthz)
-    api = api_client(cfg)
-    stack.push_async_callback(api.close)
+    api = await _bind(cfg, stack, healthz)
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
     after_step("bind")
 
@@ -210,7 +208,11 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
 
 async def _bind(
     cfg: Config, stack: contextlib.AsyncExitStack, healthz: metrics.HealthCheck
-) -> None:
+) -> KubeAPI:
+    # Credentials first: without them the plugin cannot work, so a failed start neither
+    # creates a directory nor binds the metrics port.
+    api = api_client(cfg)
+    stack.push_async_callback(api.close)
     # Explicit modes, whatever the umask: the runtime reads the CDI root; the plugin dirs
     # hold sockets and the checkpoint.
     created = stack.enter_context(undo_dirs_on_failure())
@@ -224,6 +226,7 @@ async def _bind(
         metrics_server = metrics.MetricsServer(cfg.metrics_address, cfg.metrics_port, healthz)
         stack.push_async_callback(metrics_server.stop)
         await listen_metrics(cfg, metrics_server)
+    return api
 
 
 async def _claims(

@@ -1,6 +1,7 @@
-"""What `run` binds before the kubelet can see it: directories, the API client and the
-metrics listener. A setting that cannot work fails here, as one line naming the setting
-the way the user set it (`--cdi-root` or `CDI_ROOT`), and what was created is removed."""
+"""What `run` binds before the kubelet can see it, in this order: the API client (its
+credentials), directories and the metrics listener. A setting that cannot work fails here,
+as one line naming the setting the way the user set it (`--cdi-root` or `CDI_ROOT`), and
+what was created is removed."""
 
 from __future__ import annotations
 

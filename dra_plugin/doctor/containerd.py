@@ -41,13 +41,7 @@ def check_cdi_dir(cfg: Config, host: Host) -> Finding:
             f"remove the file, or set {cfg.setting('cdi_root')} to a directory containerd reads",
         )
     if not where.is_dir():
-        return Finding(
-            Status.FAIL,
-            "cdi-dir",
-            f"CDI dir {cfg.cdi_root} does not exist",
-            f"create it (the plugin does at start) or mount it: hostPath "
-            f"{cfg.cdi_root}, type DirectoryOrCreate",
-        )
+        return _missing_cdi_dir(cfg, host)
     why = _probe_write(where)
     if why is None:
         return Finding(Status.PASS, "cdi-dir", f"{cfg.cdi_root} exists and is writable")
@@ -62,6 +56,45 @@ def check_cdi_dir(cfg: Config, host: Host) -> Finding:
         f"cannot write to {cfg.cdi_root}: {why}{hint}",
         "set CDI_ROOT to a writable directory that containerd reads (see containerd-cdi)",
     )
+
+
+def _missing_cdi_dir(cfg: Config, host: Host) -> Finding:
+    """Not a failure while the plugin can create it at start (as `run` does): only when
+    the nearest existing parent is a file or not writable."""
+    parents = Path(cfg.cdi_root).parents
+    parent = next((p for p in parents if host.path(p).exists()), Path("/"))
+    if not host.path(parent).exists():
+        why = f"{host.path(parent)} is missing"
+    elif not host.path(parent).is_dir():
+        why = f"{parent} is a file, not a directory"
+    elif not os.access(host.path(parent), os.W_OK | os.X_OK):
+        ro = _read_only_fs(host.path(parent))
+        why = f"{parent} is not writable" + (
+            " (a read-only file system; on Talos /etc is: use /var/cdi/dynamic)" if ro else ""
+        )
+    else:
+        return Finding(
+            Status.WARN,
+            "cdi-dir",
+            f"CDI dir {cfg.cdi_root} does not exist yet; the plugin creates it at start "
+            f"({parent} is writable)",
+            f"nothing to do when the plugin runs on this node itself; in a pod it must be "
+            f"the host's: hostPath {cfg.cdi_root}, type DirectoryOrCreate (the chart's)",
+        )
+    return Finding(
+        Status.FAIL,
+        "cdi-dir",
+        f"CDI dir {cfg.cdi_root} does not exist and cannot be created: {why}",
+        f"set {cfg.setting('cdi_root')} to a writable directory that containerd reads "
+        "(see containerd-cdi)",
+    )
+
+
+def _read_only_fs(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def check_containerd(cfg: Config, host: Host, talos: bool) -> list[Finding]:

@@ -3,6 +3,8 @@ the kernel modules can be read. Each vendor adds its own checks (vendors/*/docto
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from dra_plugin.config import Config
 from dra_plugin.doctor.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
@@ -135,24 +137,28 @@ def check_links(gpus: list[PciGpu]) -> list[Finding]:
     return out
 
 
-def check_modules(host: Host, loaded: set[str] | None) -> list[Finding]:
-    """Vendor-neutral part: can the loaded modules be read at all (vendors check theirs)."""
+def check_modules(host: Host, loaded: set[str] | None, found: list[Finding]) -> list[Finding]:
+    """One kernel-modules line per fact. `found`: the findings so far, the vendors' own
+    module checks among them. Unreadable modules: one WARN (the vendors said nothing). A
+    kernel without loadable-module support: said in the first kernel-modules line, not in a
+    line of its own. Returns the findings to report in place of `found`."""
     if loaded is None:
-        return [
-            Finding(
-                Status.WARN,
-                "kernel-modules",
-                f"cannot read {host.path('/proc/modules')}",
-                "run doctor on the host or with the host's /proc mounted",
-            )
-        ]
-    if host.modules_built_in():
-        return [
-            Finding(
-                Status.PASS,
-                "kernel-modules",
-                f"no {host.path('/proc/modules')}: this kernel has no loadable-module "
-                "support, so its drivers are built in (each is looked for under /sys/module)",
-            )
-        ]
-    return []
+        warn = Finding(
+            Status.WARN,
+            "kernel-modules",
+            f"cannot read {host.path('/proc/modules')}",
+            "run doctor on the host or with the host's /proc mounted",
+        )
+        return [warn, *found]
+    if not host.modules_built_in():
+        return found
+    note = (
+        f"no {host.path('/proc/modules')}: this kernel has no loadable-module support, so "
+        "its drivers are built in (each is looked for under /sys/module)"
+    )
+    at = next((i for i, f in enumerate(found) if f.check == "kernel-modules"), None)
+    if at is None:
+        return [*found, Finding(Status.PASS, "kernel-modules", note)]
+    out = list(found)
+    out[at] = replace(found[at], found=f"{found[at].found}; {note}")
+    return out

@@ -185,7 +185,8 @@ def _api_not_checked(cfg: Config, why: str | None) -> Finding:
         Status.WARN,
         "api",
         f"API not checked: {why or 'no kubeconfig and no in-cluster credentials'}",
-        "run doctor in the plugin's pod or pass --kubeconfig",
+        "run doctor in the plugin's pod (its service account), or point --kubeconfig or "
+        "KUBECONFIG at a kubeconfig",
     )
 
 
@@ -226,9 +227,10 @@ def run_doctor(
         *pci,
         *(f for f in vendor_findings if f.check == "pci"),
         *check_links(bus),
-        *check_modules(host, loaded),
-        *(f for f in vendor_findings if f.check != "pci"),
-        *fallbacks,
+        # One kernel-modules line per fact: the vendors' own, the node-wide note folded in.
+        *check_modules(
+            host, loaded, [*(f for f in vendor_findings if f.check != "pci"), *fallbacks]
+        ),
         check_cdi_dir(cfg, host),
         *check_containerd(cfg, host, talos),
         *_check_kubelet_dirs(cfg, host),

@@ -20,7 +20,12 @@ class ApiError(Exception):
 
 class NoCredentials(ApiError):
     """Neither a kubeconfig nor the in-cluster service account: the message says where it
-    looked."""
+    looked (`looked`), then what to do (`remedy`); doctor words its own remedy."""
+
+    def __init__(self, looked: str, remedy: str) -> None:
+        super().__init__(f"{looked}: {remedy}")
+        self.looked = looked
+        self.remedy = remedy
 
 
 class NotFoundError(ApiError):

@@ -240,8 +240,9 @@ class Transport:
         raise NoCredentials(
             "no Kubernetes API credentials; looked for the in-cluster service account "
             f"({str(in_cluster).strip().rstrip('.')}), --kubeconfig (not given), KUBECONFIG "
-            f"(not set) and {home} (no such file): run in a pod with a service account, or "
-            "point --kubeconfig or KUBECONFIG at a kubeconfig"
+            f"(not set) and {home} (no such file)",
+            "run in a pod with a service account, or point --kubeconfig or KUBECONFIG at a "
+            "kubeconfig",
         )
 
     async def close(self) -> None:

@@ -126,3 +126,28 @@ def test_a_link_planted_in_the_plugin_dir_is_removed_not_followed(
     finally:
         kubelet.close()
     assert daemon.terminate() == 0
+
+
+def test_no_credentials_is_said_before_the_metrics_port_is_bound(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The metrics port is held by someone else: a start without credentials must fail on
+    the credentials (checked first), never getting as far as binding the port."""
+    home = tmp_path / "home"
+    home.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        daemon = cluster.start_daemon(
+            env={
+                "VENDORS": "intel", "KUBECONFIG": "", "HOME": str(home),
+                "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1",
+            }
+        )  # fmt: skip
+        assert daemon.proc.wait(30) == 2, daemon.logs()
+    logs = daemon.logs()
+    [line] = [ln for ln in logs.splitlines() if "cannot start" in ln]
+    assert "no Kubernetes API credentials" in line, line
+    assert "METRICS_PORT" not in logs and "cannot listen" not in logs, logs
+    assert not cluster.cdi.exists() and not cluster.registry.exists()

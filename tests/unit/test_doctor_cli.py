@@ -63,6 +63,19 @@ def test_malformed_kubeconfig_is_one_finding(
     assert code == 2
 
 
+def test_no_credentials_says_where_it_looked_and_the_remedy_once(
+    host: HostRoot, tmp_path: Path
+) -> None:
+    _, out, _ = doctor(host, env={"HOME": str(tmp_path)})
+    [api] = lines(out, "api")
+    found, action = api.split(" — ")
+    assert found.startswith("WARN api: API not checked: no Kubernetes API credentials; ")
+    assert f"{tmp_path}/.kube/config (no such file)" in found
+    assert found.endswith("(no such file)"), found  # where it looked; what to do follows
+    assert action.count("--kubeconfig") == 1 and "pod" in action, action
+    assert api.count(" pod") == 1, api
+
+
 def test_kubeconfig_from_env_is_named_as_env(host: HostRoot, tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     _, out, _ = doctor(host, env={"KUBECONFIG": str(missing)})
