@@ -1,6 +1,7 @@
 """Sandbox demo: the real daemon on a simulated GPU node, no cluster and no GPU needed.
 
-Run from the repository root after `bash .ci/setup`:  .venv/bin/python -m demo
+After `bash .ci/setup`:  .venv/bin/python -m demo  (from the clone's root, or from any
+directory with that venv's python: setup puts the clone on the venv's import path).
 
 What is real: the `dra-plugin run` process, libudev (reading a umockdev-simulated node
 with a Core Ultra iGPU on i915 and an NVIDIA card), pynvml (loading a stand-in
@@ -11,7 +12,9 @@ emulator). Nothing here touches the host's /dev, /sys or a real cluster.
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import sys
 import tempfile
 import textwrap
@@ -20,7 +23,30 @@ from typing import Any
 
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim
+from tests.fakes.nvml_lib import profile_path
 from tests.fakes.simnode import CARDS, unavailable_reason
+
+NVML_PROFILE = "datacenter"
+
+# What each NVIDIA userspace strategy puts into the container (vendors/nvidia/cdi.py).
+USERSPACE = {
+    "toolkit": "the NVIDIA container toolkit's own CDI device, which brings the driver's libraries",
+    "host-libs": "the host's NVIDIA driver files, mounted read-only",
+    "device-nodes": "device nodes only, no CUDA userspace",
+}
+
+
+def nvml_gpus(profile: str) -> list[dict[str, str]]:
+    """The GPUs the stand-in NVML library reports: one dict per [gpu] section."""
+    gpus: list[dict[str, str]] = []
+    for line in profile_path(profile).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line == "[gpu]":
+            gpus.append({})
+        elif "=" in line and gpus:
+            key, value = (part.strip() for part in line.split("=", 1))
+            gpus[-1][key] = value
+    return gpus
 
 
 def say(step: str, text: str = "") -> None:
@@ -57,13 +83,16 @@ def slice_summary(slices: list[dict[str, Any]]) -> str:
 
 
 def main() -> int:
+    # One line at a time also into a pipe (`| tee`): each step shows when it happens.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
     reason = unavailable_reason()
     if reason:
         print(f"demo needs umockdev: {reason}. Run `bash .ci/setup` first.", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="dra-demo-") as tmp:
         cluster = Cluster(
-            Path(tmp), profile="igpu+nvidia", nvml_profile="datacenter", node="mini-1"
+            Path(tmp), profile="igpu+nvidia", nvml_profile=NVML_PROFILE, node="mini-1"
         )
         try:
             return run(cluster)
@@ -72,10 +101,13 @@ def main() -> int:
 
 
 def run(cluster: Cluster) -> int:
+    h200s = nvml_gpus(NVML_PROFILE)
+    minors = [g["minor"] for g in h200s]
     say(
         "simulated node mini-1",
         "udev (umockdev): Intel Core Ultra iGPU 0000:00:02.0 on i915 + an NVIDIA card\n"
-        "NVML (stand-in libnvidia-ml.so.1): 2 x NVIDIA H200\n"
+        f"NVML (stand-in libnvidia-ml.so.1): {len(h200s)} x NVIDIA H200, minors "
+        f"{' and '.join(minors)} (/dev/nvidia{', /dev/nvidia'.join(minors)})\n"
         f"API server: {cluster.api.url} (fake, serving resource.k8s.io/v1)",
     )
 
@@ -89,7 +121,7 @@ def run(cluster: Cluster) -> int:
     for driver, p in plugins.items():
         lines.append(
             f"{driver}: type={p.info.type} endpoint={p.info.endpoint}\n"
-            f"  supported_versions={list(p.info.supported_versions)} "
+            f"  supported_versions {', '.join(p.info.supported_versions)} "
             f"-> kubelet 1.35 uses {p.version}"
         )
     say("kubelet registration (GetInfo + NotifyRegistrationStatus)", "\n".join(lines))
@@ -98,7 +130,15 @@ def run(cluster: Cluster) -> int:
     cluster.wait_for(
         "slices", lambda: igpu in cluster.published(INTEL) and "gpu-0" in cluster.published(NVIDIA)
     )
-    say("ResourceSlices published (resource.k8s.io/v1)", slice_summary(cluster.slices()))
+    names = " and ".join(f"gpu-{m}" for m in minors)
+    say(
+        "ResourceSlices published (resource.k8s.io/v1)",
+        slice_summary(cluster.slices())
+        + "\n\nDevice names: an Intel GPU is named by its PCI address and device id; an NVIDIA"
+        "\nGPU by its minor number, the N of /dev/nvidiaN. The two H200s have minors "
+        f"{' and '.join(minors)}\n(the second sits in PCI domain 2, "
+        f"{h200s[-1]['pci_bus_id'].lower().removeprefix('0000')}), so they are {names}.",
+    )
 
     claim = cluster.api.add_claim(
         allocated_claim(
@@ -112,13 +152,14 @@ def run(cluster: Cluster) -> int:
         f"uid {uid}: request 'gpu' -> {INTEL} / {cluster.node} / {igpu}",
     )
 
+    intel_step = "NodePrepareResources (Intel claim default/gpu-smoke-test)"
     resp = plugins[INTEL].prepare([Claim("default", uid, "gpu-smoke-test")])
     result = resp.claims[uid]
     if result.error:
-        say("NodePrepareResources FAILED", result.error)
+        say(f"{intel_step} FAILED", result.error)
         return 1
     say(
-        "NodePrepareResources",
+        intel_step,
         "\n".join(
             f"device {d.device_name} (pool {d.pool_name}, request "
             f"{', '.join(d.request_names)}): CDI {' '.join(d.cdi_device_ids)}"
@@ -153,48 +194,47 @@ def run(cluster: Cluster) -> int:
         )
     )
     nv_uid = nv["metadata"]["uid"]
+    nv_step = "NodePrepareResources (NVIDIA claim default/cuda-job)"
     nv_result = plugins[NVIDIA].prepare([Claim("default", nv_uid, "cuda-job")]).claims[nv_uid]
     if nv_result.error:
-        say("NodePrepareResources (NVIDIA) FAILED", nv_result.error)
+        say(f"{nv_step} FAILED", nv_result.error)
         return 1
-    nv_spec = json.loads((cluster.cdi / f"k8s.{NVIDIA}-claim_{nv_uid}.json").read_text())
-    nodes = [n["path"] for d in nv_spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
-    nodes += [n["path"] for n in nv_spec.get("containerEdits", {}).get("deviceNodes", [])]
-    mounts = [m["containerPath"] for m in nv_spec.get("containerEdits", {}).get("mounts", [])]
-    strategy = next(
-        (ln.split("NVIDIA userspace ", 1)[1] for ln in daemon.logs().splitlines()
-         if "NVIDIA userspace strategy=" in ln),
-        "not logged",
-    )  # fmt: skip
-    say(
-        "NodePrepareResources (NVIDIA claim default/cuda-job -> gpu-0)",
-        f"CDI {' '.join(i for d in nv_result.devices for i in d.cdi_device_ids)}\n"
-        f"device nodes {' '.join(nodes)}\n"
-        f"driver files mounted read-only: {len(mounts)}\n"
-        f"userspace (why, as logged): {strategy}",
-    )
     nv_spec_path = cluster.cdi / f"k8s.{NVIDIA}-claim_{nv_uid}.json"
-    nv_un = plugins[NVIDIA].unprepare([Claim("default", nv_uid, "cuda-job")])
-    if nv_un.claims[nv_uid].error or nv_spec_path.exists():
-        say("NodeUnprepareResources (NVIDIA) FAILED", nv_un.claims[nv_uid].error or "spec left")
-        return 1
-    say("NodeUnprepareResources (NVIDIA)", f"ok; {nv_spec_path.name} removed")
+    nv_spec = json.loads(nv_spec_path.read_text())
+    mounts = [m["containerPath"] for m in nv_spec.get("containerEdits", {}).get("mounts", [])]
+    say(
+        nv_step,
+        "\n".join(
+            f"device {d.device_name} (pool {d.pool_name}, request "
+            f"{', '.join(d.request_names)}): CDI {' '.join(d.cdi_device_ids)}"
+            for d in nv_result.devices
+        )
+        + "\n"
+        + userspace(daemon.logs(), len(mounts)),
+    )
+    say(f"CDI spec written: {nv_spec_path.name}", json.dumps(nv_spec, indent=2))
 
-    un = plugins[INTEL].unprepare([Claim("default", uid, "gpu-smoke-test")])
-    if un.claims[uid].error:
-        say("NodeUnprepareResources FAILED", un.claims[uid].error)
-        return 1
-    say("NodeUnprepareResources", f"ok; spec file present afterwards: {spec_path.exists()}")
+    for vendor, driver, (claim_uid, name), path in (
+        ("NVIDIA", NVIDIA, (nv_uid, "cuda-job"), nv_spec_path),
+        ("Intel", INTEL, (uid, "gpu-smoke-test"), spec_path),
+    ):
+        step = f"NodeUnprepareResources ({vendor} claim default/{name})"
+        un = plugins[driver].unprepare([Claim("default", claim_uid, name)]).claims[claim_uid]
+        if un.error or path.exists():
+            say(f"{step} FAILED", un.error or f"{path.name} is still there")
+            return 1
+        say(step, f"ok; CDI spec {path.name} removed")
 
     kubelet.close()
     code = daemon.terminate()
+    left = [str(p) for d in (INTEL, NVIDIA) for p in (daemon.registration_socket(d),) if p.exists()]
     say(
         "SIGTERM",
-        f"daemon exited {code}; registration socket left behind: "
-        f"{daemon.registration_socket(INTEL).exists()}; ResourceSlices kept for the next "
-        f"instance: {len(cluster.slices())}",
+        f"daemon exited {code}; "
+        + (f"left behind: {', '.join(left)}" if left else "its registration sockets are gone")
+        + f"; ResourceSlices kept for the next instance: {len(cluster.slices())}",
     )
-    if spec_path.exists() or code != 0:
+    if code != 0 or left:
         return 1
     # What an operator reads in `kubectl logs`: discovery, registration, prepares, the
     # NVIDIA userspace choice and the shutdown, one line each.
@@ -204,6 +244,26 @@ def run(cluster: Cluster) -> int:
     say("daemon log lines that matter", "\n".join(lines))
     print("\ndemo finished: all steps succeeded")
     return 0
+
+
+def userspace(logs: str, mounted: int) -> str:
+    """The NVIDIA userspace strategy the daemon chose (its log line), told as a choice."""
+    found = re.search(r"NVIDIA userspace strategy=(\S+) reason=(.*)", logs)
+    if found is None:
+        return "userspace: the daemon logged no strategy"
+    strategy, reason = found.groups()
+    why, *notes = reason.split("; ")
+    lines = [f"userspace: strategy {strategy}, {USERSPACE.get(strategy, strategy)}"]
+    if strategy == "host-libs":
+        lines[0] += f" ({mounted} mount{'s' if mounted != 1 else ''})"
+    lines.append(f"  chosen because {why}")
+    if strategy == "host-libs":
+        lines.append(
+            "  (the simulated node has no NVIDIA container toolkit; where the toolkit's CDI"
+            " spec lists the GPU, the default strategy auto picks toolkit)"
+        )
+    lines += [f"  note: {n}" for n in notes]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -202,8 +202,8 @@ def plan_nvidia(opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
                 f"the NVIDIA container toolkit's CDI spec lists {TOOLKIT_KIND}={','.join(uuids)}",
             )
         why = (
-            f"no {TOOLKIT_KIND} device {', '.join(missing)} in the toolkit's CDI specs under "
-            f"{', '.join(map(str, opts.toolkit_cdi_dirs))}"
+            f"the toolkit's CDI specs under {', '.join(map(str, opts.toolkit_cdi_dirs))} do "
+            f"not list {TOOLKIT_KIND}={','.join(missing)}"
         )
         if strategy == "toolkit":
             raise CdiError(f"NVIDIA CDI strategy toolkit: {why}")
@@ -227,8 +227,8 @@ def plan_nvidia(opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
                     args += ["--folder", d]
                 hooks.append(("/" + hook, tuple(args)))
             else:
-                why += "; no nvidia-cdi-hook on the host, so the container's ld cache is not "
-                why += f"updated (libraries mounted in {', '.join(lib_dirs)})"
+                why += "; no nvidia-cdi-hook on the host: the container's ld cache is left as "
+                why += f"the image built it (libraries mounted in {', '.join(lib_dirs)})"
             return NvidiaPlan("host-libs", why, tuple(mounts), tuple(hooks))
         why += f"; no NVIDIA driver libraries under {opts.driver_root}"
         if strategy == "host-libs":
