@@ -273,6 +273,21 @@ def list_spec_files(cdi_dir: Path, drivers: Iterable[str]) -> dict[str, dict[str
     return out
 
 
+def list_record_files(cdi_dir: Path, driver: str) -> dict[str, Path]:
+    """claim UID -> path of every record file of ours left without its spec."""
+    pattern = _file_pattern(driver, NOTE_SUFFIX)
+    try:
+        names = set(os.listdir(cdi_dir))
+    except FileNotFoundError:
+        return {}
+    out: dict[str, Path] = {}
+    for name in sorted(names):
+        m = pattern.match(name)
+        if m and spec_file_name(driver, m["uid"]) not in names:
+            out[m["uid"]] = cdi_dir / name
+    return out
+
+
 def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]:
     """Remove our spec files (and our leftover temp files) whose claim UID is not in keep."""
     keep = set(keep)

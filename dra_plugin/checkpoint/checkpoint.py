@@ -178,9 +178,9 @@ class Checkpoint:
         complete up to the damage), what the files still say, and the CDI spec files (each
         has its claim's record beside it). The damaged files are kept aside as evidence."""
         known = dict(self._state.claims) if self._state is not None else {}
-        on_disk = self._salvage()
-        aside = self.move_aside()
         from_specs = rebuild()
+        on_disk = self._salvage(from_specs)
+        aside = self.move_aside()
         claims = {**from_specs, **on_disk, **known}
         file, reason = (
             (exc.file, exc.reason) if isinstance(exc, Damaged) else (FILE_NAME, "corrupt")
@@ -203,13 +203,21 @@ class Checkpoint:
         assert self._state is not None
         return Loaded(self._state, moved_aside=aside)
 
-    def _salvage(self) -> dict[str, ClaimRecord]:
+    def _salvage(self, rebuilt: dict[str, ClaimRecord]) -> dict[str, ClaimRecord]:
         """The claims the files on disk still hold, whatever their binding: the snapshot if
-        it decodes, plus its journal's entries if that continues it and parses."""
+        it decodes, plus its journal's entries if that continues it and parses. A snapshot
+        that does not decode leaves its journal as the newest evidence: it is replayed on
+        the record `rebuilt` from the spec files (a journal holds every change since the
+        snapshot, in order, so its lines are newer than anything rebuilt from it)."""
         try:
             state, base = decode_snapshot(read_regular(self.path), self.driver)
         except (CheckpointError, OSError):
-            return {}
+            state = State("", rebuilt)
+            try:
+                apply_entries(state, journal.read_orphan(self.journal_path, self.driver) or [])
+            except (journal.JournalError, CheckpointError, OSError):
+                return {}  # nothing readable beyond the spec files
+            return dict(state.claims)
         try:
             data = read_regular(self.journal_path)
             entries = journal.parse(data).entries
@@ -220,26 +228,33 @@ class Checkpoint:
         return dict(state.claims)
 
     def _rebuild_missing(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
-        """No snapshot: a fresh node, or a deleted record. Our spec files say what was
-        prepared, exactly where they carry their record (a journal left without its
-        snapshot adds what it knows); without any, the record starts empty."""
+        """No snapshot: a fresh node, or a deleted record. Our spec files and the records
+        beside them say what was prepared; a journal left without its snapshot (the
+        snapshot deleted: nothing else leaves one) is replayed on top, even when no spec
+        file is left (a CDI root on a tmpfs after a reboot), since it may be the only
+        evidence. With neither, the record starts empty."""
         state = State(self.boot_id, rebuild())
-        if not state.claims:
-            self._state = state
-            return Loaded(state)
-        replayed = 0
+        found = len(state.claims)
+        replayed, orphan = 0, False
         try:
             entries = journal.read_orphan(self.journal_path, self.driver)
-            apply_entries(state, entries)
-            replayed = len(entries)
+            orphan = entries is not None
+            apply_entries(state, entries or [])
+            replayed = len(entries or [])
         except (journal.JournalError, CheckpointError, OSError) as exc:
+            orphan = True
             log.warning("journal without its snapshot ignored path=%s: %s", self.journal_path, exc)
+        if not found and not orphan:
+            self._state = state
+            return Loaded(state)
         state.boot_id = self.boot_id
         log.error(
-            "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files "
-            "(%d journal entries replayed) instead of treating them as orphans",
+            "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files and the "
+            "records beside them (%d) and the journal left without its snapshot (%d entries "
+            "replayed) instead of treating them as orphans",
             self.path,
             len(state.claims),
+            found,
             replayed,
         )
         metrics.checkpoint_damage(self.driver, FILE_NAME, "missing")

@@ -84,13 +84,13 @@ def check_header(entry: dict[str, Any], driver: str) -> str:
     return base
 
 
-def read_orphan(path: Path, driver: str) -> list[dict[str, Any]]:
-    """The entries of a journal whose snapshot is gone (whatever its base): [] without
+def read_orphan(path: Path, driver: str) -> list[dict[str, Any]] | None:
+    """The entries of a journal whose snapshot is gone (whatever its base): None without
     one; JournalError when it is damaged or not ours."""
     try:
         data = read_regular(path)
     except FileNotFoundError:
-        return []
+        return None
     entries = parse(data).entries
     if not entries:
         return []

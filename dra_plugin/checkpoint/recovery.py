@@ -35,7 +35,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
     holder,
 )
-from dra_plugin.checkpoint.specnote import from_note, spec_note
+from dra_plugin.checkpoint.specnote import from_lone_note, from_note, spec_note
 from dra_plugin.host import files
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,22 @@ def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord 
     return ClaimRecord(uid, "", "", COMPLETED, path.name, devices, recovered=True)
 
 
+def from_lone_record(path: Path, driver: str, uid: str) -> ClaimRecord | None:
+    """The record of a claim whose spec is gone but whose record file is left (a spec
+    deleted, a CDI dir emptied): evidence that the claim held its devices, so it holds
+    them again; its spec is rendered at the kubelet's re-prepare. None when the record
+    file is unreadable or damaged (an ERROR says so)."""
+    spec_file = cdi.spec_file_name(driver, uid)
+    note = cdi.read_note(path.parent, spec_file)
+    if note is None or files.kind(path) != "file":
+        return None
+    try:
+        return from_lone_note(note, uid, spec_file, lambda d: cdi.qualified_id(driver, uid, d))
+    except CheckpointError as exc:
+        log.error("claim record %s without its CDI spec is unusable: %s", path, exc)
+        return None
+
+
 def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
     """The `started` claims whose spec file and the record beside it were written whole,
     as completed records (see ClaimPreparer._drop_settled)."""
@@ -109,8 +125,25 @@ def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
     return out
 
 
+def unproven(state: State, cdi_root: Path, driver: str) -> set[str]:
+    """Start-up: the prepared claims whose record no second piece of evidence confirms
+    (their spec file and the record beside it missing, or saying otherwise). The record
+    may be stale (an older copy restored, a claim unprepared since): such a claim still
+    holds its devices, but its next prepare reads it from the API and is judged on the
+    API's allocation, never answered from the record alone."""
+    out = set()
+    for uid, rec in state.claims.items():
+        if rec.state != COMPLETED or rec.recovered or not rec.spec_file:
+            continue
+        held = {d.device for d in rec.devices}
+        if cdi.spec_problem(cdi_root, driver, rec.spec_file, uid, held, spec_note(rec)):
+            out.add(uid)
+    return out
+
+
 def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
-    """Records from our spec files, for a record that was lost or damaged (from_spec).
+    """Records from our spec files, for a record that was lost or damaged (from_spec), and
+    from the records left without their spec (from_lone_record).
 
     An entry with our spec's name that is not a regular file (a link, a directory) cannot
     be a prepared claim's spec: it is removed, not followed. A file that does not parse is
@@ -127,6 +160,9 @@ def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecor
             log.error("CDI spec %s cannot be read: left in place, its claim unknown", path)
             continue
         out[uid] = rec
+    for uid, path in cdi.list_record_files(cdi_root, driver).items():
+        if uid not in out and (rec := from_lone_record(path, driver, uid)) is not None:
+            out[uid] = rec
     return out
 
 
@@ -147,6 +183,16 @@ def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> 
             log.error(
                 "%s: its CDI spec %s exists but the checkpoint lacks it (lost journal lines?); "
                 "adopted from the record beside the spec",
+                who(rec),
+                path.name,
+            )
+            adopted.append(rec)
+    for uid, path in cdi.list_record_files(cdi_root, driver).items():
+        if uid not in state.claims and (rec := from_lone_record(path, driver, uid)) is not None:
+            log.error(
+                "%s: its claim record %s exists without its CDI spec and the checkpoint lacks "
+                "it; adopted as a holder of its devices (the spec is written again when the "
+                "kubelet prepares it)",
                 who(rec),
                 path.name,
             )

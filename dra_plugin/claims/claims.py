@@ -127,6 +127,9 @@ class ClaimPreparer:
             self._made.made if on_demand is not None else None,
         )
         self.held: set[str] = set()
+        # Claims whose record is not confirmed by their spec files at start-up: read from
+        # the API before their next prepare is answered (recovery.unproven).
+        self._unproven: set[str] = set()
 
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
@@ -143,7 +146,7 @@ class ClaimPreparer:
             else:
                 refs[ref.uid] = ref
         with self._commit.arriving():  # a pass about to start waits for these GETs
-            known = await known_completed(self._checkpoint, refs)
+            known = await known_completed(self._checkpoint, refs) - self._unproven
             fetched = await fetch_all(
                 self._fetch, [r for uid, r in refs.items() if uid not in known]
             )
@@ -270,6 +273,14 @@ class ClaimPreparer:
         recovery.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
         self._metadata.collect_orphans(state.claims.values())
         self._made.reconcile(state)
+        self._unproven = recovery.unproven(state, self.cdi_root, self.driver)
+        if self._unproven:
+            log.warning(
+                "%d prepared claim(s) without their CDI spec or its record driver=%s: each is "
+                "read from the API again at its next prepare",
+                len(self._unproven),
+                self.driver,
+            )
 
     def _rebuild(self) -> dict[str, ClaimRecord]:
         return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
@@ -308,7 +319,8 @@ class ClaimPreparer:
         pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
         for ref in refs:
             rec = state.claims.get(ref.uid)
-            if rec is not None and rec.state == COMPLETED and not rec.recovered:
+            proven = ref.uid not in self._unproven
+            if rec is not None and rec.state == COMPLETED and not rec.recovered and proven:
                 try:
                     ensured = self._writer.ensure(rec, devices, self._made.render_ensured)
                     out[ref.uid] = prepared_result(ensured)
@@ -371,6 +383,7 @@ class ClaimPreparer:
             self._checkpoint.flush()  # re-rendered specs (SpecWriter.ensure) become durable
             return out
         self._writer.commit(state, pending, out, devices)
+        self._unproven.difference_update(u for u in pending if not out[u].error)
         return out
 
     def _claim_error(self, ref: ClaimRef, exc: Exception) -> str:
@@ -383,7 +396,7 @@ class ClaimPreparer:
 
     # --- unprepare -------------------------------------------------------------------
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
-        return unprepare(
+        done = unprepare(
             state,
             refs,
             driver=self.driver,
@@ -394,3 +407,5 @@ class ClaimPreparer:
             step=self._step,
             release=self._made.release,
         )
+        self._unproven.difference_update(u for u, err in done.items() if not err)
+        return done
