@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.checkpoint import journal
+from dra_plugin.checkpoint import journal, recovery
 from dra_plugin.checkpoint.snapshot import (
     FILE_NAME,
     JOURNAL_NAME,
@@ -24,7 +24,6 @@ from dra_plugin.checkpoint.snapshot import (
     ClaimRecord,
     State,
     _claim_json,
-    _decode_claim,
     decode_snapshot,
     encode,
     read_boot_id,
@@ -102,7 +101,7 @@ class Checkpoint:
             if self._state is not None:
                 if snap == self._snap and self._journal.unchanged_or_grown(jst):
                     if jst is not None and jst[2] > self._journal.end:  # another instance's
-                        apply_entries(self._state, self._journal.read(self._base))
+                        journal.apply_entries(self._state, self._journal.read(self._base))
                     return self._state
                 self._check_same_files(snap, jst)
             self._state = None
@@ -115,7 +114,9 @@ class Checkpoint:
             if bound and jst is None:
                 raise Damaged(JOURNAL_NAME, "missing", "missing, while checkpoint.json expects it")
             if jst is not None:
-                apply_entries(state, self._journal.read(base, previous=state.previous, bound=bound))
+                journal.apply_entries(
+                    state, self._journal.read(base, previous=state.previous, bound=bound)
+                )
         except journal.JournalError as exc:
             raise Damaged(JOURNAL_NAME, "corrupt", str(exc)) from None
         except OSError as exc:
@@ -179,7 +180,7 @@ class Checkpoint:
         has its claim's record beside it). The damaged files are kept aside as evidence."""
         known = dict(self._state.claims) if self._state is not None else {}
         from_specs = rebuild()
-        on_disk = self._salvage(from_specs)
+        on_disk = recovery.salvage(self.path, self.journal_path, self.driver, from_specs)
         aside = self.move_aside()
         claims = {**from_specs, **on_disk, **known}
         file, reason = (
@@ -203,30 +204,6 @@ class Checkpoint:
         assert self._state is not None
         return Loaded(self._state, moved_aside=aside)
 
-    def _salvage(self, rebuilt: dict[str, ClaimRecord]) -> dict[str, ClaimRecord]:
-        """The claims the files on disk still hold, whatever their binding: the snapshot if
-        it decodes, plus its journal's entries if that continues it and parses. A snapshot
-        that does not decode leaves its journal as the newest evidence: it is replayed on
-        the record `rebuilt` from the spec files (a journal holds every change since the
-        snapshot, in order, so its lines are newer than anything rebuilt from it)."""
-        try:
-            state, base = decode_snapshot(read_regular(self.path), self.driver)
-        except (CheckpointError, OSError):
-            state = State("", rebuilt)
-            try:
-                apply_entries(state, journal.read_orphan(self.journal_path, self.driver) or [])
-            except (journal.JournalError, CheckpointError, OSError):
-                return {}  # nothing readable beyond the spec files
-            return dict(state.claims)
-        try:
-            data = read_regular(self.journal_path)
-            entries = journal.parse(data).entries
-            if entries and journal.check_header(entries[0], self.driver) == base:
-                apply_entries(state, entries[1:])
-        except (journal.JournalError, CheckpointError, OSError):
-            pass  # the snapshot alone
-        return dict(state.claims)
-
     def _rebuild_missing(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
         """No snapshot: a fresh node, or a deleted record. Our spec files and the records
         beside them say what was prepared; a journal left without its snapshot (the
@@ -235,15 +212,8 @@ class Checkpoint:
         evidence. With neither, the record starts empty."""
         state = State(self.boot_id, rebuild())
         found = len(state.claims)
-        replayed, orphan = 0, False
-        try:
-            entries = journal.read_orphan(self.journal_path, self.driver)
-            orphan = entries is not None
-            apply_entries(state, entries or [])
-            replayed = len(entries or [])
-        except (journal.JournalError, CheckpointError, OSError) as exc:
-            orphan = True
-            log.warning("journal without its snapshot ignored path=%s: %s", self.journal_path, exc)
+        replayed = recovery.replay_orphan(state, self.journal_path, self.driver)
+        orphan = replayed is not None
         if not found and not orphan:
             self._state = state
             return Loaded(state)
@@ -255,7 +225,7 @@ class Checkpoint:
             self.path,
             len(state.claims),
             found,
-            replayed,
+            replayed or 0,
         )
         metrics.checkpoint_damage(self.driver, FILE_NAME, "missing")
         self.damage = f"{FILE_NAME}: missing"
@@ -361,18 +331,3 @@ class Checkpoint:
         for p in self._files():
             for leftover in p.parent.glob(f".{p.name}.tmp-*"):
                 leftover.unlink(missing_ok=True)
-
-
-def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
-    for e in entries:
-        if "put" in e:
-            raw = e["put"]
-            uid = raw.get("uid") if isinstance(raw, dict) else None
-            if not isinstance(uid, str):
-                raise CheckpointError("journal entry without a claim uid")
-            state.claims[uid] = _decode_claim(uid, raw)
-        elif "drop" in e:
-            state.claims.pop(str(e["drop"]), None)
-        elif "bootId" in e:
-            state.boot_id = str(e["bootId"])
-        # Anything else was written by a newer plugin for itself.

@@ -15,10 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_plugin.checkpoint.snapshot import CheckpointError, State, _decode_claim
 from dra_plugin.host.files import atomic_write, read_regular
 
 JOURNAL_KIND = "dra-plugin/prepared-claims-journal"
@@ -206,3 +208,19 @@ class JournalFile:
         self.end += len(data)
         self.torn = False
         return len(data)
+
+
+def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
+    """Journal entries (journal.py) applied to `state`, in order."""
+    for e in entries:
+        if "put" in e:
+            raw = e["put"]
+            uid = raw.get("uid") if isinstance(raw, dict) else None
+            if not isinstance(uid, str):
+                raise CheckpointError("journal entry without a claim uid")
+            state.claims[uid] = _decode_claim(uid, raw)
+        elif "drop" in e:
+            state.claims.pop(str(e["drop"]), None)
+        elif "bootId" in e:
+            state.boot_id = str(e["bootId"])
+        # Anything else was written by a newer plugin for itself.

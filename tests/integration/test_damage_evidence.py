@@ -171,7 +171,7 @@ class Kubelet:
         )
 
     def record(self, name: str) -> Path:
-        return self.spec(name).with_name(cdi.note_file_name(self.spec(name).name))
+        return self.spec(name).with_name(cdi.record_file_name(self.spec(name).name))
 
 
 def _damage_count(driver: str) -> float:
