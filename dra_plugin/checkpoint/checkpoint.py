@@ -5,9 +5,7 @@ The format is in checkpoint.py (snapshot, records) and journal.py (journal lines
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,7 +26,15 @@ from dra_plugin.checkpoint.snapshot import (
     encode,
     read_boot_id,
 )
-from dra_plugin.host.files import NOT_A_FILE, FileLock, atomic_write, read_regular, sync_dir
+from dra_plugin.host.files import (
+    NOT_A_FILE,
+    FileIdentity,
+    FileLock,
+    atomic_write,
+    move_aside,
+    read_regular,
+    sync_dir,
+)
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -43,7 +49,7 @@ class Damaged(CheckpointError):
 
 
 COMPACT_BYTES = 256 * 1024
-_STALE = (-1, -1, -1)  # a snapshot identity no file has
+_STALE = FileIdentity(-1, -1, -1)  # a snapshot identity no file has
 
 
 @dataclass
@@ -77,30 +83,22 @@ class Checkpoint:
         self._clock = clock
         self.bytes_written = 0  # by this object, for benchmarks and tests
         self._state: State | None = None
-        self._snap: tuple[int, int, int] | None = None  # identity of the cached snapshot
+        self._snap: FileIdentity | None = None  # the cached snapshot's
         self._base = NO_SNAPSHOT  # checksum of the cached snapshot: the journal's base
         self._journal = journal.JournalFile(self.journal_path, driver)
         self.damage: str | None = None  # what damage this object found (the record rebuilt)
 
     # --- reading -----------------------------------------------------------------------
-    @staticmethod
-    def _stat(path: Path) -> tuple[int, int, int] | None:
-        try:
-            st = os.lstat(path)  # a link in its place is another file: damage, not followed
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def _refresh(self) -> State | None:
         """The cache brought up to date with the files (None: neither file exists).
 
         Raises Damaged when the files are not what this object last saw: the snapshot gone,
         or the journal it applied gone, replaced or shorter (two stats, no reading)."""
-        snap, jst = self._stat(self.path), self._stat(self.journal_path)
+        snap, jst = FileIdentity.of(self.path), FileIdentity.of(self.journal_path)
         try:
             if self._state is not None:
                 if snap == self._snap and self._journal.unchanged_or_grown(jst):
-                    if jst is not None and jst[2] > self._journal.end:  # another instance's
+                    if jst is not None and jst.size > self._journal.end:  # another instance's
                         journal.apply_entries(self._state, self._journal.read(self._base))
                     return self._state
                 self._check_same_files(snap, jst)
@@ -110,13 +108,12 @@ class Checkpoint:
             if snap is not None:
                 state, base = decode_snapshot(read_regular(self.path), self.driver)
             self._snap, self._base = snap, base
-            bound = state.previous is not None
-            if bound and jst is None:
-                raise Damaged(JOURNAL_NAME, "missing", "missing, while checkpoint.json expects it")
-            if jst is not None:
-                journal.apply_entries(
-                    state, self._journal.read(base, previous=state.previous, bound=bound)
-                )
+            if jst is None:
+                case = journal.binding(journal.Header.MISSING, state.previous is not None)
+                if case.damage:
+                    raise Damaged(JOURNAL_NAME, "missing", case.why)
+            else:
+                journal.apply_entries(state, self._journal.read(base, previous=state.previous))
         except journal.JournalError as exc:
             raise Damaged(JOURNAL_NAME, "corrupt", str(exc)) from None
         except OSError as exc:
@@ -128,9 +125,7 @@ class Checkpoint:
         self._state = state
         return state
 
-    def _check_same_files(
-        self, snap: tuple[int, int, int] | None, jst: tuple[int, int, int] | None
-    ) -> None:
+    def _check_same_files(self, snap: FileIdentity | None, jst: FileIdentity | None) -> None:
         """Damaged unless a change of the files is another instance's legitimate write."""
         if snap is None and self._snap not in (None, _STALE):
             raise Damaged(FILE_NAME, "missing", "deleted while the plugin runs")
@@ -138,10 +133,10 @@ class Checkpoint:
             return  # a new snapshot (another instance compacted), or no journal applied
         if jst is None:
             raise Damaged(JOURNAL_NAME, "missing", f"deleted (it had {self._journal.end} bytes)")
-        if jst[0] != self._journal.ino:
+        if jst.ino != self._journal.ino:
             raise Damaged(JOURNAL_NAME, "replaced", "replaced by another file")
         raise Damaged(
-            JOURNAL_NAME, "shorter", f"{jst[2]} bytes, {self._journal.end} were written to it"
+            JOURNAL_NAME, "shorter", f"{jst.size} bytes, {self._journal.end} were written to it"
         )
 
     def read(self) -> State | None:
@@ -287,7 +282,7 @@ class Checkpoint:
             self._snap = _STALE  # what reached the disk is unknown: the next load re-reads
             raise
         change(state)  # before a compaction, which snapshots it
-        snapshot_size = self._snap[2] if self._snap else 0
+        snapshot_size = self._snap.size if self._snap else 0
         if durable and self._journal.end > max(COMPACT_BYTES, 2 * snapshot_size):
             try:
                 self.save(state)
@@ -304,24 +299,17 @@ class Checkpoint:
         if durable:
             sync_dir(self.path.parent)
         self._state = state  # stays the live state: a compaction happens mid-pass
-        self._snap, self._base = self._stat(self.path), decode_snapshot(data, self.driver)[1]
+        self._snap, self._base = FileIdentity.of(self.path), decode_snapshot(data, self.driver)[1]
         self._journal.reset()
         self.bytes_written += len(data) + self._journal.start(self._base)
 
     # --- housekeeping --------------------------------------------------------------------
     def move_aside(self) -> Path:
         """Move the snapshot and journal aside; returns where the snapshot went."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        suffix, n = f"corrupt-{stamp}", 1
-        while any(p.with_name(f"{p.name}.{suffix}").exists() for p in self._files()):
-            n += 1
-            suffix = f"corrupt-{stamp}-{n}"
-        for p in self._files():
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(p, p.with_name(f"{p.name}.{suffix}"))
+        aside = move_aside(self._files(), self._clock())
         self._state, self._snap, self._base = None, None, NO_SNAPSHOT
         self._journal.reset()
-        return self.path.with_name(f"{self.path.name}.{suffix}")
+        return aside[0]
 
     def _files(self) -> tuple[Path, Path]:
         return (self.path, self.journal_path)

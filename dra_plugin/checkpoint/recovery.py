@@ -42,7 +42,8 @@ def salvage(
         return dict(state.claims) if replay_orphan(state, journal_path, driver) else {}
     try:
         entries = journal.parse(read_regular(journal_path)).entries
-        if entries and journal.check_header(entries[0], driver) == base:
+        names = journal.check_header(entries[0], driver) if entries else None
+        if journal.Header.of(names, base, state.previous) is journal.Header.THIS:
             journal.apply_entries(state, entries[1:])
     except (journal.JournalError, CheckpointError, OSError):
         pass  # the snapshot alone
