@@ -128,17 +128,18 @@ def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
 
 def unproven(state: State, cdi_root: Path, driver: str) -> set[str]:
     """Start-up: the prepared claims whose record no second piece of evidence confirms
-    (their spec file and the record beside it missing, or saying otherwise). The record
-    may be stale (an older copy restored, a claim unprepared since): such a claim still
-    holds its devices, but its next prepare reads it from the API and is judged on the
-    API's allocation, never answered from the record alone."""
+    (their spec file gone, or the spec record beside it gone or saying otherwise). The
+    record may be stale (an older copy restored, a claim unprepared since): such a claim
+    still holds its devices, but its next prepare reads it from the API and is judged on
+    the API's allocation, never answered from the record alone. One listing and one
+    small read per claim (the spec record is written with its spec and names the same
+    devices)."""
+    specs = cdi.list_spec_files(cdi_root, [driver])[driver]
     out = set()
     for uid, rec in state.claims.items():
         if rec.state != COMPLETED or rec.recovered or not rec.spec_file:
             continue
-        held = {d.device for d in rec.devices}
-        record = specrecord.encode(rec)
-        if cdi.spec_problem(cdi_root, driver, rec.spec_file, uid, held, record):
+        if uid not in specs or cdi.read_record(cdi_root, rec.spec_file) != specrecord.encode(rec):
             out.add(uid)
     if out:
         log.warning(
