@@ -2,8 +2,8 @@
 and the no-follow rules for what lies inside our own directories.
 
 `batched_dir_syncs()` is the group-commit half that lives below the checkpoint: inside it,
-`atomic_write` and `sync_dir` still fsync every file but fsync each directory only once,
-when the block ends (64 spec files prepared in one pass: 64 file fsyncs, 1 dir fsync).
+`atomic_write` and `sync_dir` still fsync every durable file but fsync each directory only
+once, when the block ends (a pass removing 64 claims' spec files: 1 CDI dir fsync).
 """
 
 from __future__ import annotations
