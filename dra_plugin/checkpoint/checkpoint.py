@@ -213,19 +213,22 @@ class Checkpoint:
             self._state = state
             return Loaded(state)
         state.boot_id = self.boot_id
+        # The journal is evidence: kept aside before the new snapshot's replaces it.
+        aside = move_aside([self.journal_path], self._clock())[0] if orphan else None
         log.error(
             "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files and the "
             "records beside them (%d) and the journal left without its snapshot (%d entries "
-            "replayed) instead of treating them as orphans",
+            "replayed, the journal kept as %s) instead of treating them as orphans",
             self.path,
             len(state.claims),
             found,
             replayed or 0,
+            aside,
         )
         metrics.checkpoint_damage(self.driver, FILE_NAME, "missing")
         self.damage = f"{FILE_NAME}: missing"
         self.save(state)
-        return Loaded(state)
+        return Loaded(state, moved_aside=aside)
 
     # --- writing -----------------------------------------------------------------------
     def put(self, records: Iterable[ClaimRecord], *, durable: bool = True) -> None:

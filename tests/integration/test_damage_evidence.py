@@ -222,6 +222,8 @@ def test_surviving_evidence_keeps_the_claims(
     assert _damage_count(d.driver) > before, "the damage was not counted"
     if case.startswith("lone-"):
         assert k.record("a").is_file(), "start-up removed a lone record, the only evidence"
+    else:  # the journal that was replayed is kept as evidence, not overwritten
+        assert list(state.glob(f"{JOURNAL_NAME}.corrupt-*")), list(state.iterdir())
 
     # Nothing held is handed out again, before the kubelet's re-prepare and after it.
     refused = k.prepare("e", "f")
