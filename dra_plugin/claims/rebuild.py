@@ -127,19 +127,29 @@ def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
 
 
 def unproven(state: State, cdi_root: Path, driver: str) -> set[str]:
-    """Start-up: the prepared claims whose record no second piece of evidence confirms
-    (their spec file gone, or the spec record beside it gone or saying otherwise). The
-    record may be stale (an older copy restored, a claim unprepared since): such a claim
-    still holds its devices, but its next prepare reads it from the API and is judged on
-    the API's allocation, never answered from the record alone. One listing and one
-    small read per claim (the spec record is written with its spec and names the same
-    devices)."""
+    """Start-up: the prepared claims whose record no second piece of evidence confirms:
+    their spec file gone, or the spec record beside it saying otherwise (without one, an
+    older version's spec, the devices the spec injects). The record may be stale (an
+    older copy restored, a claim unprepared since): such a claim still holds its
+    devices, but its next prepare reads it from the API and is judged on the API's
+    allocation, never answered from the record alone. One listing and one small read
+    per claim (the spec record is written with its spec and names the same devices)."""
     specs = cdi.list_spec_files(cdi_root, [driver])[driver]
     out = set()
     for uid, rec in state.claims.items():
         if rec.state != COMPLETED or rec.recovered or not rec.spec_file:
             continue
-        if uid not in specs or cdi.read_record(cdi_root, rec.spec_file) != specrecord.encode(rec):
+        if uid not in specs:
+            out.add(uid)
+            continue
+        text = cdi.read_record(cdi_root, rec.spec_file)
+        if text is not None:
+            if text != specrecord.encode(rec):
+                out.add(uid)
+            continue
+        spec = cdi.read_spec(specs[uid])
+        injects = set(cdi.claimed_devices(spec, driver, uid)) if spec is not None else None
+        if injects != {d.device for d in rec.devices}:
             out.add(uid)
     if out:
         log.warning(
