@@ -9,8 +9,11 @@ import ast
 import io
 import re
 import tokenize
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "dra_plugin"
@@ -78,3 +81,89 @@ def test_the_check_catches_a_stale_name() -> None:
     )
     got = missing_in("m.py", prose(source), _package_files())
     assert got == ["m.py:2: slicerules.py", "m.py:2: kubelet/store.py", "m.py:1: claimcontract.py"]
+
+
+# --- "Adding a vendor" (docs/architecture.md): every step, for every vendor folder -----
+PYPROJECT = ROOT / "pyproject.toml"
+VALUES = ROOT / "charts" / "dra-plugin" / "values.yaml"
+DEVICECLASS = ROOT / "charts" / "dra-plugin" / "templates" / "deviceclass.yaml"
+REGISTRY = PACKAGE / "vendors" / "registry.py"
+CONTRACTS = (  # the import-linter contracts step 3 names, by name
+    "Layers: CLI, daemon, jobs, configuration, vendors, shared services, model",
+    "Vendor folders are independent",
+    "Only the vendor registry names the vendors",
+)
+
+
+def adding_a_vendor() -> str:
+    text = ARCHITECTURE.read_text()
+    start = text.index("**Adding a vendor**")
+    return text[start : text.index("\n\n", start)]
+
+
+def _named(module: str, names: list[str]) -> bool:
+    """Whether a contract's module list (layers may join modules with `|`) covers
+    `module`, by name or by a wildcard over the vendors."""
+    parts = {p.strip() for n in names for p in n.split("|")}
+    return module in parts or bool(parts & {"dra_plugin.vendors.*", "dra_plugin.vendors.**"})
+
+
+def vendor_steps_missing(name: str) -> list[str]:
+    """What vendor `name` lacks of the steps "Adding a vendor" lists."""
+    missing = []
+    module = f"dra_plugin.vendors.{name}"
+    if not (PACKAGE / "vendors" / name / "vendor.py").is_file():
+        missing.append(f"step 1: dra_plugin/vendors/{name}/vendor.py")
+    if module not in REGISTRY.read_text():
+        missing.append(f"step 2: {name} in vendors/registry.py")
+    contracts = {
+        c["name"]: c
+        for c in tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    }
+    for title in CONTRACTS:
+        c = contracts.get(title)
+        names = (
+            []
+            if c is None
+            else c.get("layers") or c.get("modules") or c.get("forbidden_modules", [])
+        )
+        if not _named(module, names):
+            missing.append(f"step 3: {module} in the import-linter contract {title!r}")
+    section = yaml.safe_load(VALUES.read_text()).get(name)
+    if not isinstance(section, dict) or not {"enabled", "driverName", "deviceClass"} <= set(
+        section
+    ):
+        missing.append(
+            f"step 4: a {name}: section (enabled, driverName, deviceClass) in values.yaml"
+        )
+    if f".Values.{name}." not in DEVICECLASS.read_text():
+        missing.append(f"step 4: {name}'s DeviceClass in deviceclass.yaml")
+    return missing
+
+
+def test_adding_a_vendor_names_its_steps_and_their_files() -> None:
+    """The steps name the files they change, and those files exist."""
+    steps = adding_a_vendor()
+    for path in (REGISTRY, PYPROJECT, VALUES, DEVICECLASS, PACKAGE / "vendors" / "base.py"):
+        rel = path.relative_to(ROOT).as_posix()
+        assert path.is_file() and path.name in steps, f"'Adding a vendor' does not name {rel}"
+    for title in CONTRACTS[1:]:
+        assert title in steps.replace("\n   ", " "), f"'Adding a vendor' omits {title!r}"
+
+
+def test_every_vendor_folder_takes_the_adding_a_vendor_steps() -> None:
+    folders = sorted(p.parent.name for p in (PACKAGE / "vendors").glob("*/vendor.py"))
+    assert folders, "no vendor folders found"
+    missing = [m for name in folders for m in vendor_steps_missing(name)]
+    assert not missing, "a vendor skipped steps of 'Adding a vendor':\n" + "\n".join(missing)
+
+
+def test_the_vendor_check_catches_a_vendor_that_skipped_every_step() -> None:
+    got = vendor_steps_missing("acme")
+    assert [m.split(":")[0] for m in got] == [
+        "step 1",
+        "step 2",
+        *["step 3"] * 3,
+        "step 4",
+        "step 4",
+    ]
