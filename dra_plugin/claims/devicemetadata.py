@@ -2,8 +2,10 @@
 
 Per prepared claim and (base) request:
 - the file `<plugin dir>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`: a JSON
-  stream of `metadata.resource.k8s.io/v1alpha1` DeviceMetadata objects (one version today),
-  each pretty-printed and followed by a newline;
+  stream of the same DeviceMetadata object once per API version, newest first
+  (`metadata.resource.k8s.io/v1beta1`, then `v1alpha1` for readers of 1.36), each
+  pretty-printed and followed by a newline; a reader takes the first version it knows
+  (k8s.io/dynamic-resource-allocation/devicemetadata.DecodeMetadataFromStream);
 - its CDI spec `<cdi root>/<driver>_metadata_<claimUID>_<request>.json` (kind
   `<driver>/metadata`, device `<claimUID>_<request>`, cdiVersion 0.5.0) bind-mounting it
   read-only at `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
@@ -40,6 +42,7 @@ from dra_plugin.host.files import (
     make_dir,
     own_dir,
     read_json,
+    read_regular,
     remove_any,
     remove_unexpected,
 )
@@ -49,7 +52,10 @@ log = logging.getLogger(__name__)
 
 SUBDIR = "dra-device-metadata"
 FILE_NAME = "metadata.json"
-API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+API_GROUP = "metadata.resource.k8s.io"
+# Newest first, as the library's writer encodes them (api/metadata/doc.go, "File format");
+# both versions have the same schema.
+API_VERSIONS = (f"{API_GROUP}/v1beta1", f"{API_GROUP}/v1alpha1")
 KIND = "DeviceMetadata"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
@@ -206,23 +212,26 @@ class MetadataFiles:
             if attrs:
                 entry["attributes"] = dict(sorted(attrs.items()))
             listed.append(entry)
-        obj: dict[str, Any] = {
-            "kind": KIND,
-            "apiVersion": API_VERSION,
-            "metadata": {
-                "name": rec.name,
-                "namespace": rec.namespace,
-                "uid": rec.uid,
-                "generation": 1,
-            },
-        }
-        if meta.pod_claim_name:
-            obj["podClaimName"] = meta.pod_claim_name
         request: dict[str, Any] = {"name": req.ref}
         if listed:
             request["devices"] = listed
-        obj["requests"] = [request]
-        return go_json(obj) + b"\n"  # one object per metadata version, each on its own
+        stream = b""
+        for version in API_VERSIONS:
+            obj: dict[str, Any] = {
+                "kind": KIND,
+                "apiVersion": version,
+                "metadata": {
+                    "name": rec.name,
+                    "namespace": rec.namespace,
+                    "uid": rec.uid,
+                    "generation": 1,
+                },
+            }
+            if meta.pod_claim_name:
+                obj["podClaimName"] = meta.pod_claim_name
+            obj["requests"] = [request]
+            stream += go_json(obj) + b"\n"
+        return stream
 
     def spec(self, rec: ClaimRecord, meta: Recorded, req: Request) -> dict[str, Any]:
         mount = {
@@ -284,13 +293,16 @@ class MetadataFiles:
             host = self.host_file(rec.namespace, rec.name, req.name)
             if any(kind(d) != "dir" for d in (self.base, host.parent.parent, host.parent)):
                 return False
-            spec = read_json(self.spec_file(rec.uid, req.name))
-            doc = read_json(host)
-            if spec != self.spec(rec, meta, req) or not isinstance(doc, dict):
+            if read_json(self.spec_file(rec.uid, req.name)) != self.spec(rec, meta, req):
                 return False
-            asked = [r.get("name") for r in doc.get("requests") or [] if isinstance(r, dict)]
-            if (doc.get("metadata") or {}).get("uid") != rec.uid or asked != [req.ref]:
+            docs = read_stream(host)
+            # Every version we write, in our order: a file from before v1beta1 is rewritten.
+            if docs is None or [d.get("apiVersion") for d in docs] != list(API_VERSIONS):
                 return False
+            for doc in docs:
+                asked = [r.get("name") for r in doc.get("requests") or [] if isinstance(r, dict)]
+                if (doc.get("metadata") or {}).get("uid") != rec.uid or asked != [req.ref]:
+                    return False
         return True
 
     def _real_dirs(self, namespace: str, name: str) -> bool:
@@ -390,6 +402,35 @@ class MetadataFiles:
             else:
                 remove_unexpected(Path(entry.path), _kind(entry), "directory")
         return out
+
+
+def read_stream(path: Path) -> list[dict[str, Any]] | None:
+    """The objects of a metadata file, never read through a link; None when it is missing,
+    not a regular file, or not a stream of objects."""
+    try:
+        return parse_stream(read_regular(path).decode())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_stream(text: str) -> list[dict[str, Any]] | None:
+    """The JSON objects of a metadata stream in order; None when it is empty or anything in
+    it is not a whole JSON object."""
+    decoder = json.JSONDecoder()
+    docs: list[dict[str, Any]] = []
+    at = 0
+    try:
+        while True:
+            while at < len(text) and text[at].isspace():
+                at += 1
+            if at == len(text):
+                return docs or None
+            doc, at = decoder.raw_decode(text, at)
+            if not isinstance(doc, dict):
+                return None
+            docs.append(doc)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
