@@ -3,9 +3,7 @@
 Per prepared claim and (base) request:
 - the file `<plugin dir>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`: a JSON
   stream of the same DeviceMetadata object once per API version, newest first
-  (`metadata.resource.k8s.io/v1beta1`, then `v1alpha1` for readers of 1.36), each
-  pretty-printed and followed by a newline; a reader takes the first version it knows
-  (k8s.io/dynamic-resource-allocation/devicemetadata.DecodeMetadataFromStream);
+  (`metadata.resource.k8s.io/v1beta1`, then `v1alpha1`; metadatastream.py);
 - its CDI spec `<cdi root>/<driver>_metadata_<claimUID>_<request>.json` (kind
   `<driver>/metadata`, device `<claimUID>_<request>`, cdiVersion 0.5.0) bind-mounting it
   read-only at `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
@@ -21,7 +19,6 @@ see `record`), so unprepare, crash recovery and start-up GC need no claim object
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -34,6 +31,7 @@ from dra_plugin.cdi.rules import validate_spec
 from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.claims.allocation import Chosen
+from dra_plugin.claims.metadatastream import API_VERSIONS, encode, go_json, read_stream
 from dra_plugin.devices import Device, is_dns_label, is_dns_subdomain
 from dra_plugin.host.files import (
     SHARED_DIR_MODE,
@@ -42,7 +40,6 @@ from dra_plugin.host.files import (
     make_dir,
     own_dir,
     read_json,
-    read_regular,
     remove_any,
     remove_unexpected,
 )
@@ -52,11 +49,6 @@ log = logging.getLogger(__name__)
 
 SUBDIR = "dra-device-metadata"
 FILE_NAME = "metadata.json"
-API_GROUP = "metadata.resource.k8s.io"
-# Newest first, as the library's writer encodes them (api/metadata/doc.go, "File format");
-# both versions have the same schema.
-API_VERSIONS = (f"{API_GROUP}/v1beta1", f"{API_GROUP}/v1alpha1")
-KIND = "DeviceMetadata"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 CDI_VERSION = "0.5.0"
@@ -133,14 +125,6 @@ def inject(
     return out
 
 
-def go_json(obj: Any) -> bytes:
-    """json.MarshalIndent(obj, "", "  ") as Go writes it (dicts keep the order given)."""
-    text = json.dumps(obj, indent=2, ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(ch, esc)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
-
-
 def plan(
     driver: str, claim_uid: str, claim: Mapping[str, Any], results: Iterable[tuple[str, str]]
 ) -> Recorded | None:
@@ -212,26 +196,8 @@ class MetadataFiles:
             if attrs:
                 entry["attributes"] = dict(sorted(attrs.items()))
             listed.append(entry)
-        request: dict[str, Any] = {"name": req.ref}
-        if listed:
-            request["devices"] = listed
-        stream = b""
-        for version in API_VERSIONS:
-            obj: dict[str, Any] = {
-                "kind": KIND,
-                "apiVersion": version,
-                "metadata": {
-                    "name": rec.name,
-                    "namespace": rec.namespace,
-                    "uid": rec.uid,
-                    "generation": 1,
-                },
-            }
-            if meta.pod_claim_name:
-                obj["podClaimName"] = meta.pod_claim_name
-            obj["requests"] = [request]
-            stream += go_json(obj) + b"\n"
-        return stream
+        claim = {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid}
+        return encode(claim, meta.pod_claim_name, req.ref, listed)
 
     def spec(self, rec: ClaimRecord, meta: Recorded, req: Request) -> dict[str, Any]:
         mount = {
@@ -402,35 +368,6 @@ class MetadataFiles:
             else:
                 remove_unexpected(Path(entry.path), _kind(entry), "directory")
         return out
-
-
-def read_stream(path: Path) -> list[dict[str, Any]] | None:
-    """The objects of a metadata file, never read through a link; None when it is missing,
-    not a regular file, or not a stream of objects."""
-    try:
-        return parse_stream(read_regular(path).decode())
-    except (OSError, ValueError):
-        return None
-
-
-def parse_stream(text: str) -> list[dict[str, Any]] | None:
-    """The JSON objects of a metadata stream in order; None when it is empty or anything in
-    it is not a whole JSON object."""
-    decoder = json.JSONDecoder()
-    docs: list[dict[str, Any]] = []
-    at = 0
-    try:
-        while True:
-            while at < len(text) and text[at].isspace():
-                at += 1
-            if at == len(text):
-                return docs or None
-            doc, at = decoder.raw_decode(text, at)
-            if not isinstance(doc, dict):
-                return None
-            docs.append(doc)
-    except (ValueError, RecursionError):
-        return None
 
 
 def _kind(entry: os.DirEntry[str]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import rules as cdispec
-from dra_plugin.claims.devicemetadata import parse_stream
+from dra_plugin.claims.metadatastream import parse_stream
 from tests.fakes import podman as rt
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim

@@ -24,6 +24,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
 )
 from dra_plugin.claims import devicemetadata as dm
+from dra_plugin.claims import metadatastream
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice
 from dra_plugin.devices import PCI_BUS_ID, make_device
 from tests.fakes.claim_harness import (
@@ -62,7 +63,7 @@ def run(coro: Any) -> Any:
 
 def stream(path: Path) -> list[dict[str, Any]]:
     """A metadata file's objects: v1beta1, then the same in v1alpha1."""
-    docs = dm.read_stream(path)
+    docs = metadatastream.read_stream(path)
     assert docs is not None
     assert [d["apiVersion"] for d in docs] == [
         "metadata.resource.k8s.io/v1beta1",
@@ -289,10 +290,14 @@ def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(tmp_path: Path) ->
     host = host_file(tmp_path, "default", "claim-1", "gpu")
     content = host.read_bytes()
     beta, alpha = stream(host)
+
+    def one(doc: dict[str, Any]) -> bytes:
+        return metadatastream.go_json(doc) + b"\n"
+
     for old in (
-        dm.go_json(alpha) + b"\n",  # before v1beta1
-        dm.go_json(beta) + b"\n",  # one version missing
-        dm.go_json(alpha) + b"\n" + dm.go_json(beta) + b"\n",  # oldest first
+        one(alpha),  # before v1beta1
+        one(beta),  # one version missing
+        one(alpha) + one(beta),  # oldest first
         content[: len(content) // 2],  # torn
         content + b"[]\n",  # not an object
     ):
@@ -372,7 +377,7 @@ def test_pci_bus_id_attribute_reaches_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text", ["a<b>&c", "ünï\u2028"])
 def test_go_json_escapes_like_encoding_json(text: str) -> None:
-    out = dm.go_json({"k": text}).decode()
+    out = metadatastream.go_json({"k": text}).decode()
     assert "<" not in out and ">" not in out and "&" not in out and "\u2028" not in out
     assert json.loads(out) == {"k": text}
 
