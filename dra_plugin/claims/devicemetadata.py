@@ -2,8 +2,8 @@
 
 Per prepared claim and (base) request:
 - the file `<plugin dir>/dra-device-metadata/<ns>_<claim>/<request>/metadata.json`: a JSON
-  stream of `metadata.resource.k8s.io/v1alpha1` DeviceMetadata objects (one version today),
-  each pretty-printed and followed by a newline;
+  stream of the same DeviceMetadata object once per API version, newest first
+  (`metadata.resource.k8s.io/v1beta1`, then `v1alpha1`; metadatastream.py);
 - its CDI spec `<cdi root>/<driver>_metadata_<claimUID>_<request>.json` (kind
   `<driver>/metadata`, device `<claimUID>_<request>`, cdiVersion 0.5.0) bind-mounting it
   read-only at `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim>/
@@ -19,7 +19,6 @@ see `record`), so unprepare, crash recovery and start-up GC need no claim object
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -32,6 +31,7 @@ from dra_plugin.cdi.rules import validate_spec
 from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.claims.allocation import Chosen
+from dra_plugin.claims.metadatastream import API_VERSIONS, encode, go_json, read_stream
 from dra_plugin.devices import Device, is_dns_label, is_dns_subdomain
 from dra_plugin.host.files import (
     SHARED_DIR_MODE,
@@ -49,8 +49,6 @@ log = logging.getLogger(__name__)
 
 SUBDIR = "dra-device-metadata"
 FILE_NAME = "metadata.json"
-API_VERSION = "metadata.resource.k8s.io/v1alpha1"
-KIND = "DeviceMetadata"
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 POD_CLAIM_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 CDI_VERSION = "0.5.0"
@@ -127,14 +125,6 @@ def inject(
     return out
 
 
-def go_json(obj: Any) -> bytes:
-    """json.MarshalIndent(obj, "", "  ") as Go writes it (dicts keep the order given)."""
-    text = json.dumps(obj, indent=2, ensure_ascii=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026")):
-        text = text.replace(ch, esc)
-    return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").encode()
-
-
 def plan(
     driver: str, claim_uid: str, claim: Mapping[str, Any], results: Iterable[tuple[str, str]]
 ) -> Recorded | None:
@@ -206,23 +196,8 @@ class MetadataFiles:
             if attrs:
                 entry["attributes"] = dict(sorted(attrs.items()))
             listed.append(entry)
-        obj: dict[str, Any] = {
-            "kind": KIND,
-            "apiVersion": API_VERSION,
-            "metadata": {
-                "name": rec.name,
-                "namespace": rec.namespace,
-                "uid": rec.uid,
-                "generation": 1,
-            },
-        }
-        if meta.pod_claim_name:
-            obj["podClaimName"] = meta.pod_claim_name
-        request: dict[str, Any] = {"name": req.ref}
-        if listed:
-            request["devices"] = listed
-        obj["requests"] = [request]
-        return go_json(obj) + b"\n"  # one object per metadata version, each on its own
+        claim = {"name": rec.name, "namespace": rec.namespace, "uid": rec.uid}
+        return encode(claim, meta.pod_claim_name, req.ref, listed)
 
     def spec(self, rec: ClaimRecord, meta: Recorded, req: Request) -> dict[str, Any]:
         mount = {
@@ -284,13 +259,16 @@ class MetadataFiles:
             host = self.host_file(rec.namespace, rec.name, req.name)
             if any(kind(d) != "dir" for d in (self.base, host.parent.parent, host.parent)):
                 return False
-            spec = read_json(self.spec_file(rec.uid, req.name))
-            doc = read_json(host)
-            if spec != self.spec(rec, meta, req) or not isinstance(doc, dict):
+            if read_json(self.spec_file(rec.uid, req.name)) != self.spec(rec, meta, req):
                 return False
-            asked = [r.get("name") for r in doc.get("requests") or [] if isinstance(r, dict)]
-            if (doc.get("metadata") or {}).get("uid") != rec.uid or asked != [req.ref]:
+            docs = read_stream(host)
+            # Every version we write, in our order: a file from before v1beta1 is rewritten.
+            if docs is None or [d.get("apiVersion") for d in docs] != list(API_VERSIONS):
                 return False
+            for doc in docs:
+                asked = [r.get("name") for r in doc.get("requests") or [] if isinstance(r, dict)]
+                if (doc.get("metadata") or {}).get("uid") != rec.uid or asked != [req.ref]:
+                    return False
         return True
 
     def _real_dirs(self, namespace: str, name: str) -> bool:

@@ -26,7 +26,7 @@ import grpc
 
 from tests.fakes import waits
 from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.kubelet import Claim, Kubelet, Plugin, get_info
+from tests.fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
 from tests.fakes.nvml_lib import build_fake_nvml
 from tests.fakes.simnode import SimNode
 
@@ -152,6 +152,7 @@ class Cluster:
         else:
             self._nvml_env = {"NVIDIA_DRIVER_ROOT": str(tmp / "no-nvidia")}
         self.daemons: list[Daemon] = []
+        self.kubelets: list[Kubelet] = []
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         base = {k: v for k, v in os.environ.items() if not k.startswith("DRA_")}
@@ -229,8 +230,15 @@ class Cluster:
         kubelet.close()
         self.api.claim_delay = 0
 
-    def kubelet(self, version: tuple[int, int] = (1, 35)) -> Kubelet:
-        return Kubelet(self.registry, self.plugins, version)
+    def kubelet(self, version: tuple[int, int] = (1, 35), **options: Any) -> Kubelet:
+        """A kubelet (re)starting on this node: it wipes the node's slices first, as the
+        real one does, and then a driver's slices when the driver stays disconnected
+        (`wiping_delay`, 30 s by default); `feature_gates` as the kubelet takes them."""
+        k = Kubelet(
+            self.registry, self.plugins, version, api=KubeApi(self.api.url, self.node), **options
+        )
+        self.kubelets.append(k)
+        return k
 
     def slices(self, driver: str | None = None) -> list[dict[str, Any]]:
         return [
@@ -251,6 +259,8 @@ class Cluster:
         return sorted(d["name"] for s in self.slices(driver) for d in s["spec"].get("devices", []))
 
     def close(self) -> None:
+        for k in self.kubelets:
+            k.close()
         for d in self.daemons:
             d.kill()
         self.sim.close()

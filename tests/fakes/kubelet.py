@@ -7,17 +7,23 @@ picks the service version (a 1.34+ kubelet takes the first entry of the plugin's
 it knows; 1.32/1.33 know only v1beta1), reports the registration status, and then
 calls NodePrepareResources / NodeUnprepareResources on the advertised endpoint.
 
-Device health: 1.34-1.36 kubelets call v1alpha1.DRAResourceHealth whatever the plugin
-advertises; a 1.37 kubelet opens a stream only for an advertised health service and
-prefers v1 over v1alpha1 regardless of their order (kubernetes pkg/kubelet/cm/dra/plugin,
-pickHealthService).
+Device health: only with the feature gate ResourceHealthStatus on (alpha, off by
+default up to 1.35; beta, on from 1.36: pkg/features/kube_features.go). Then 1.34-1.36
+kubelets call v1alpha1.DRAResourceHealth whatever the plugin advertises; a 1.37 kubelet
+opens a stream only for an advertised health service and prefers v1 over v1alpha1
+regardless of their order (pkg/kubelet/cm/dra/plugin, pickHealthService and add()).
+
+Given the API server (`api`), it also does what the kubelet's DRA manager does there:
+wipes the node's ResourceSlices at its start and a driver's slices once no plugin of it
+has been connected for the wiping delay (kubelet_slices.py), and prepares/unprepares a
+pod's claims in one call per driver (kubelet_pods.py, `prepare_pod`/`unprepare_pod`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +42,10 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from tests.fakes.kubelet_pods import Claim, PodClaims, PodFailed
+from tests.fakes.kubelet_slices import WIPING_DELAY, KubeApi, SliceWiper
+
+__all__ = ["Claim", "KubeApi", "Kubelet", "Plugin", "PodFailed", "RegistrationRejected"]
 
 GET_INFO_TIMEOUT = 1.0  # the kubelet's registration timeout
 DRA_CALL_TIMEOUT = 45.0  # the kubelet's per-call timeout for prepare/unprepare
@@ -47,6 +57,11 @@ KNOWN_VERSIONS = {
     (1, 36): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
     (1, 37): ("v1.DRAPlugin", "v1beta1.DRAPlugin"),
 }
+# Feature gate defaults by kubelet version (pkg/features/kube_features.go).
+RESOURCE_HEALTH_STATUS = "ResourceHealthStatus"
+GATE_DEFAULTS = {
+    RESOURCE_HEALTH_STATUS: {v: v >= (1, 36) for v in KNOWN_VERSIONS},
+}
 HEALTH_V1 = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
 # Kubelets that pick the health service from the advertised list, most preferred first.
@@ -57,13 +72,6 @@ HEALTH_UNCONDITIONAL = {(1, 34), (1, 35), (1, 36)}
 
 class RegistrationRejected(AssertionError):
     """The plugin's GetInfo answer would make a real kubelet refuse it."""
-
-
-@dataclass(frozen=True)
-class Claim:
-    namespace: str
-    uid: str
-    name: str
 
 
 @dataclass
@@ -129,12 +137,50 @@ def get_info(socket_path: Path, timeout: float = GET_INFO_TIMEOUT) -> Any:
 
 class Kubelet:
     def __init__(
-        self, registry_dir: Path, plugins_dir: Path, version: tuple[int, int] = (1, 35)
+        self,
+        registry_dir: Path,
+        plugins_dir: Path,
+        version: tuple[int, int] = (1, 35),
+        *,
+        api: KubeApi | None = None,
+        feature_gates: Mapping[str, bool] | None = None,
+        wiping_delay: float = WIPING_DELAY,
     ) -> None:
         self.registry_dir = registry_dir
         self.plugins_dir = plugins_dir
         self.version = version
+        self.gates = {name: by[version] for name, by in GATE_DEFAULTS.items()}
+        self.gates.update(feature_gates or {})
         self.plugins: dict[str, Plugin] = {}
+        self._registered: list[Plugin] = []  # every accepted registration, to close at the end
+        # Without an API server the kubelet cannot wipe (DRAPluginManager: kubeClient nil).
+        self.slices = SliceWiper(api, wiping_delay) if api is not None else None
+        self.pods = PodClaims(api, self.plugin_for) if api is not None else None
+        if self.slices is not None:
+            self.slices.start()
+
+    def plugin_for(self, driver: str) -> Plugin:
+        """GetPlugin: the plugin the kubelet calls for a driver, the latest registered one
+        that is connected, else the latest (a rolling update has two)."""
+        mine = [p for p in self._registered if p.info.name == driver]
+        if not mine:
+            raise PodFailed(f"DRA driver {driver} is not registered")
+        if self.slices is not None:
+            for p in reversed(mine):
+                if self.slices.connected(driver, p.info.endpoint):
+                    return p
+        return mine[-1]
+
+    def prepare_pod(self, pod: str, namespace: str, claims: Sequence[str]) -> dict[str, Any]:
+        """Prepare a pod's claims (by name) as the kubelet does: one call per driver."""
+        if self.pods is None:
+            raise AssertionError("this kubelet has no API server to read claims from")
+        return self.pods.prepare(pod, namespace, claims)
+
+    def unprepare_pod(self, pod: str, namespace: str, claims: Sequence[str]) -> dict[str, Any]:
+        if self.pods is None:
+            raise AssertionError("this kubelet prepared no pods")
+        return self.pods.unprepare(pod, namespace, claims)
 
     def _choose(self, offered: Sequence[str]) -> str:
         known = KNOWN_VERSIONS[self.version]
@@ -146,6 +192,8 @@ class Kubelet:
         )
 
     def _choose_health(self, offered: Sequence[str]) -> str | None:
+        if not self.gates[RESOURCE_HEALTH_STATUS]:
+            return None
         if self.version in HEALTH_UNCONDITIONAL:
             return "v1alpha1"
         for service in HEALTH_BY_MARKER.get(self.version, ()):
@@ -189,10 +237,10 @@ class Kubelet:
         health = self._choose_health(list(info.supported_versions))
         plugin = Plugin(reg_socket, info, version, channel, health)
         if accept:
-            old = self.plugins.get(info.name)
-            if old is not None:
-                old.close()
             self.plugins[info.name] = plugin
+            self._registered.append(plugin)
+            if self.slices is not None:
+                self.slices.add(info.name, info.endpoint)
         return plugin
 
     def wait_for(self, driver: str, timeout: float = 15.0, exclude: Sequence[Path] = ()) -> Plugin:
@@ -214,6 +262,9 @@ class Kubelet:
         raise TimeoutError(f"no plugin for {driver} registered in {timeout}s (last error {last})")
 
     def close(self) -> None:
-        for p in self.plugins.values():
+        if self.slices is not None:
+            self.slices.close()
+        for p in self._registered:
             p.close()
+        self._registered.clear()
         self.plugins.clear()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import rules as cdispec
+from dra_plugin.claims.metadatastream import parse_stream
 from tests.fakes import podman as rt
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim
@@ -189,13 +190,18 @@ def test_pod_reads_its_device_metadata(runtime: rt.Podman, tmp_path: Path) -> No
             assert ids[-1] == f"{NVIDIA}/metadata={claim.uid}_gpu"
             r = runtime.run(cluster.cdi, ids, ["cat", path], standin_nodes=CONTROL_STANDINS)
             assert r.returncode == 0, r.stderr
-            doc = json.loads(r.stdout)  # one object: the stream has one version today
-            assert doc["apiVersion"] == "metadata.resource.k8s.io/v1alpha1"
-            assert doc["metadata"]["name"] == claim.name
-            (dev,) = doc["requests"][0]["devices"]
-            assert dev["name"] == device
-            pci = dev["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
-            assert pci == bus_ids[device]
+            docs = parse_stream(r.stdout)  # the same object in v1beta1, then v1alpha1
+            assert docs is not None
+            assert [d["apiVersion"] for d in docs] == [
+                "metadata.resource.k8s.io/v1beta1",
+                "metadata.resource.k8s.io/v1alpha1",
+            ]
+            for doc in docs:
+                assert doc["metadata"]["name"] == claim.name
+                (dev,) = doc["requests"][0]["devices"]
+                assert dev["name"] == device
+                pci = dev["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+                assert pci == bus_ids[device]
             # Read-only inside the container.
             w = runtime.run(
                 cluster.cdi, ids, ["sh", "-c", f"echo x > {path}"], standin_nodes=CONTROL_STANDINS

@@ -139,9 +139,15 @@ def test_kill_9_while_shares_are_prepared_then_restart(cluster: Cluster) -> None
 def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
     c = Cluster(tmp_path, profile="igpu", nvml_profile=None, consumable_capacity=False)
     try:
+        # The node's kubelet: up before the plugin (its start wipes an empty node) and
+        # through the plugin's restart, which it does not notice for longer than the
+        # wiping delay.
+        kubelet = c.kubelet()
         for run in range(2):  # a restart too: no crash loop, the same single message
             writes, watches = c.api.writes(), c.api.count("watch", "resourceslices")
-            daemon, kubelet, plugin = start(c, shared_env(LOG_LEVEL="debug"))
+            daemon = c.start_daemon(env=shared_env(LOG_LEVEL="debug"))
+            daemon.wait_ready([INTEL])
+            plugin = kubelet.wait_for(INTEL)
             c.wait_for("exclusive slice", lambda: IGPU in c.published(INTEL))
             c.wait_for("fallback logged", lambda d=daemon: FALLBACK in d.logs())
             # Positive signals before "nothing more happened": the watch, the publisher's
@@ -164,7 +170,6 @@ def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
             ref = c.add_claim(f"plain-{len(c.daemons)}", INTEL, IGPU)
             assert plugin.prepare([ref]).claims[ref.uid].error == ""
             assert plugin.unprepare([ref]).claims[ref.uid].error == ""
-            kubelet.close()
             assert daemon.terminate() == 0
     finally:
         c.close()

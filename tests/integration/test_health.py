@@ -62,7 +62,7 @@ def _event(cluster: Cluster, line: str) -> None:
 def test_nvml_xid_lost_and_recovery(cluster: Cluster) -> None:
     daemon = cluster.start_daemon()
     daemon.wait_ready()
-    kubelet = cluster.kubelet()
+    kubelet = cluster.kubelet((1, 36))  # ResourceHealthStatus on by default
     plugin = kubelet.wait_for(NVIDIA)
     assert "v1alpha1.DRAResourceHealth" in plugin.info.supported_versions
     first = _stream_until(plugin, lambda m: {"gpu-0", "gpu-3"} <= set(m))
@@ -96,7 +96,7 @@ def test_nvml_xid_lost_and_recovery(cluster: Cluster) -> None:
 def test_udev_unbind_of_held_device_then_rebind(cluster: Cluster) -> None:
     daemon = cluster.start_daemon(env={"VENDORS": "intel"})
     daemon.wait_ready([INTEL])
-    kubelet = cluster.kubelet()
+    kubelet = cluster.kubelet((1, 36))  # ResourceHealthStatus on by default
     plugin = kubelet.wait_for(INTEL)
     cluster.wait_for("slice", lambda: IGPU in cluster.published(INTEL))
     claim = cluster.api.add_claim(
@@ -124,7 +124,7 @@ def test_udev_unbind_of_held_device_then_rebind(cluster: Cluster) -> None:
 def test_udev_remove_of_unheld_device_leaves_slices_and_stream(cluster: Cluster) -> None:
     daemon = cluster.start_daemon(env={"VENDORS": "intel"})
     daemon.wait_ready([INTEL])
-    kubelet = cluster.kubelet()
+    kubelet = cluster.kubelet((1, 36))  # ResourceHealthStatus on by default
     plugin = kubelet.wait_for(INTEL)
     cluster.wait_for("slice", lambda: IGPU in cluster.published(INTEL))
     cluster.wait_for("udev listener", lambda: cluster.sim.listeners() > 0)

@@ -1,6 +1,7 @@
-"""The device health API over real unix sockets, as 1.35 (v1alpha1) and 1.37 (v1) kubelets
-see it: both versions on the DRA socket, advertised at registration, full lists re-sent
-well inside the health timeout, long messages cut to the proto's limit."""
+"""The device health API over real unix sockets, as 1.34-1.36 (v1alpha1) and 1.37 (v1)
+kubelets with the ResourceHealthStatus gate on see it: both versions on the DRA socket,
+advertised at registration, full lists re-sent well inside the health timeout, long
+messages cut to the proto's limit."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def _serve(tmp_path: Path, timeout: int = 30) -> tuple[Running, HealthTracker]:
 
 
 def _register(r: Running, version: tuple[int, int]) -> tuple[Kubelet, Plugin]:
-    kubelet = Kubelet(r.registry, r.plugins, version)
+    # ResourceHealthStatus on, as from 1.36 by default (1.34/1.35: turned on by hand).
+    kubelet = Kubelet(r.registry, r.plugins, version, feature_gates={"ResourceHealthStatus": True})
     return kubelet, kubelet.wait_for(DRIVER)
 
 

@@ -85,7 +85,8 @@ def test_hangs_and_wedges_mark_devices_unhealthy_count_and_recover(cluster: Clus
         INTEL_HANG_THRESHOLD="2",
         INTEL_HANG_WINDOW_SECONDS="600",
     )
-    plugin = cluster.kubelet().wait_for(INTEL)
+    # A 1.36 kubelet: ResourceHealthStatus on by default, so it opens the health stream.
+    plugin = cluster.kubelet((1, 36)).wait_for(INTEL)
     cluster.wait_for("udev listener", lambda: cluster.sim.listeners() > 0)
     s = sampled(cluster, port, lambda s: _resets(s, IGPU) and _resets(s, DGPU))
     assert _resets(s, IGPU) == {"hang": 0, "reset": 0, "wedged": 0}  # i915 announces all

@@ -67,11 +67,13 @@ def sysfs(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def proc(tmp_path: Path) -> Path:
-    """/proc/driver/nvidia/capabilities for GPU 0's MIG instances (gi 9 and gi 2)."""
+    """/proc/driver/nvidia/capabilities for GPU 0's MIG instances: gi 13 (placement 6+1) and
+    gi 1 (placement 0+4), the ids the driver gives those placements; the minors are those
+    of /proc/driver/nvidia-caps/mig-minors (3 + 9 gi, the compute instance one more)."""
     root = tmp_path / "proc"
     root.mkdir()
     (root / "devices").write_text("Character devices:\n195 nvidia\n236 nvidia-caps\n")
-    for gi, gi_cap, ci_cap in ((9, 120, 121), (2, 30, 31)):
+    for gi, gi_cap, ci_cap in ((13, 120, 121), (1, 12, 13)):
         base = root / f"driver/nvidia/capabilities/gpu0/mig/gi{gi}"
         (base / "ci0").mkdir(parents=True)
         (base / "access").write_text(f"DeviceFileMinor: {gi_cap}\nDeviceFileMode: 292\n")
@@ -221,7 +223,7 @@ def test_mig_devices_replace_their_parent(
         "uuid": small.uuid,
         "parentUUID": MIG_PARENT,
         "index": "0",
-        "gi": "9",
+        "gi": "13",
         "ci": "0",
     }
     big = devices["gpu-0-mig-3g71gb-9-0"]
@@ -445,7 +447,7 @@ def test_failing_calls_are_found_by_the_probe(monitor_for: MonitorFactory, event
 
 def test_mig_events_reach_the_right_devices(monitor_for: MonitorFactory, events: Path) -> None:
     _mon, rec = monitor_for("mig")
-    emit(events, "xid 0 94 9 0")  # GPU instance 9, compute instance 0: the 1g.18gb slice
+    emit(events, "xid 0 94 13 0")  # GPU instance 13, compute instance 0: the 1g.18gb slice
     assert rec.next() == ("gpu-0-mig-1g18gb-19-6", Health.UNHEALTHY, "XID 94: contained ECC error")
     emit(events, "xid 0 79")  # the whole MIG-mode GPU: every MIG device on it
     reports = {rec.next(), rec.next()}

@@ -1,8 +1,9 @@
 """The NVML stand-in makes and destroys MIG instances with the driver's rules, through the
 real pynvml ctypes path: only listed placements; a placement overlapping any GPU instance,
 or one past the profile's instance count, is NVML_ERROR_INSUFFICIENT_RESOURCES; a GPU
-instance with a compute instance is NVML_ERROR_IN_USE on destroy; capability files come
-and go with the instances; instances outlive the process when their state is kept.
+instance with a compute instance is NVML_ERROR_IN_USE on destroy; a GPU instance's id is
+the one the driver gives its placement; capability files come and go with the instances;
+instances outlive the process when their state is kept.
 Profiles: A100-40GB, H100-80GB and H200 with MIG on and no instances (issue #29)."""
 
 from __future__ import annotations
@@ -92,6 +93,57 @@ def test_every_listed_placement_can_be_made_alone_and_destroyed(gpu: Any, caps: 
             assert (caps / f"gpu0/mig/gi{info.id}/access").is_file()
             pynvml.nvmlGpuInstanceDestroy(gi)
             assert not (caps / f"gpu0/mig/gi{info.id}").exists()
+
+
+# The driver's GPU instance id of each placement (start, size) on a GPU of 8 memory
+# slices: the partition's swizzId, open-gpu-kernel-modules kmigmgrSwizzIdToSpan_GA100
+# (src/nvidia/src/kernel/gpu/mig_mgr/arch/ampere/kmigmgr_ga100.c; GA100, GH100, GB100).
+SWIZZ_ID = {
+    (0, 8): 0,
+    **{(4 * i, 4): 1 + i for i in range(2)},
+    **{(2 * i, 2): 3 + i for i in range(4)},
+    **{(i, 1): 7 + i for i in range(8)},
+}
+
+
+def test_a_gpu_instance_id_is_fixed_by_its_placement(gpu: Any) -> None:
+    """Whatever else exists and in whatever order instances are made, a placement gets the
+    id the driver gives it (not the lowest free id), and the id finds the instance."""
+    for profile_id, _, places in profiles(gpu):
+        for place in places:
+            gi = create(gpu, profile_id, place)
+            assert pynvml.nvmlGpuInstanceGetInfo(gi).id == SWIZZ_ID[place]
+            pynvml.nvmlGpuInstanceDestroy(gi)
+    # Made last slice first, with others present: still each placement's own id.
+    made = [create(gpu, 19, (6, 1)), create(gpu, 14, (2, 2)), create(gpu, 19, (0, 1))]
+    try:
+        assert [pynvml.nvmlGpuInstanceGetInfo(g).id for g in made] == [13, 4, 7]
+        found = pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(gpu, 4))
+        assert (found.profileId, found.placement.start, found.placement.size) == (14, 2, 2)
+        assert error(pynvml.nvmlDeviceGetGpuInstanceById, gpu, 1) == (pynvml.NVML_ERROR_NOT_FOUND)
+    finally:
+        for g in made:
+            pynvml.nvmlGpuInstanceDestroy(g)
+
+
+def test_a_profile_whose_instance_id_contradicts_its_placement_fails_init(
+    fake: FakeNvml,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A static MIG device whose gpu_instance_id is not its placement's describes no real
+    GPU: the stand-in refuses it rather than let a test rely on it."""
+    conf = profile_path("mig").read_text()
+    assert "gpu_instance_id = 13\ncompute_instance_id = 0\nprofile_id = 19\nplacement = 6 1" in conf
+    (tmp_path / "bad.conf").write_text(conf.replace("gpu_instance_id = 13", "gpu_instance_id = 9"))
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path / "bad.conf"))
+    with pytest.raises(nvml.NvmlError):
+        nvml.init(fake.driver_root)
+    assert "gpu_instance_id 9, but placement 6+1 is GPU instance 13" in capfd.readouterr().err
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("mig")))
+    nvml.init(fake.driver_root)
+    nvml.shutdown()
 
 
 def test_a_placement_not_listed_is_refused(gpu: Any) -> None:
@@ -185,6 +237,17 @@ def test_mig_minors_lists_every_possible_access_file(gpu: Any, caps: Path) -> No
     assert len(set(minors.values())) == len(minors)
 
 
+def test_a_gpu_without_mig_has_no_mig_device_slots(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PROFILE_ENV, str(profile_path("consumer")))  # no MIG support at all
+    nvml.init(fake.driver_root)
+    try:
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(pynvml.nvmlDeviceGetHandleByIndex(0)) == 0
+    finally:
+        nvml.shutdown()
+
+
 def test_mig_mode_off_refuses_to_make_instances(
     fake: FakeNvml, tmp_path: Path, caps: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -196,6 +259,8 @@ def test_mig_mode_off_refuses_to_make_instances(
     nvml.init(fake.driver_root)
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        # nvml.h: "Returns zero if MIG is not supported or enabled."
+        assert pynvml.nvmlDeviceGetMaxMigDeviceCount(h) == 0
         assert error(create, h, 19, (0, 1)) == pynvml.NVML_ERROR_NOT_SUPPORTED
         count = pynvml.c_uint(0)
         got = error(pynvml.nvmlDeviceGetGpuInstances, h, 19, None, pynvml.byref(count))

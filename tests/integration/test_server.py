@@ -55,7 +55,11 @@ class ScriptedHandler:
 
 class Running:
     def __init__(
-        self, tmp: Path, health: HealthTracker | None = None, health_timeout: int = 30
+        self,
+        tmp: Path,
+        health: HealthTracker | None = None,
+        health_timeout: int = 30,
+        driver: str = "gpu.example.com",
     ) -> None:
         self.registry = tmp / "plugins_registry"
         self.plugins = tmp / "plugins"
@@ -63,9 +67,9 @@ class Running:
         self.loop = asyncio.new_event_loop()
         self.health = health
         self.srv = server.DriverServer(
-            driver="gpu.example.com",
-            dra_socket=self.plugins / "gpu.example.com" / "dra.sock",
-            registration_socket=self.registry / "gpu.example.com-reg.sock",
+            driver=driver,
+            dra_socket=self.plugins / driver / "dra.sock",
+            registration_socket=self.registry / f"{driver}-reg.sock",
             handler=self.handler,
             health=health,
             health_timeout_seconds=health_timeout,
@@ -200,7 +204,7 @@ def test_health_stream_full_list_and_advertised(tmp_path: Path) -> None:
     r.call(seed())
     info = get_info(r.srv.registration_socket)
     assert list(info.supported_versions)[-1] == "v1alpha1.DRAResourceHealth"
-    kubelet = Kubelet(r.registry, r.plugins)
+    kubelet = Kubelet(r.registry, r.plugins, (1, 36))  # ResourceHealthStatus on by default
     plugin = kubelet.wait_for("gpu.example.com")
     stream = plugin.watch_health()
     first = next(stream)

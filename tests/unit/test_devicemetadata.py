@@ -24,6 +24,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
 )
 from dra_plugin.claims import devicemetadata as dm
+from dra_plugin.claims import metadatastream
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice
 from dra_plugin.devices import PCI_BUS_ID, make_device
 from tests.fakes.claim_harness import (
@@ -60,6 +61,20 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def stream(path: Path) -> list[dict[str, Any]]:
+    """A metadata file's objects: v1beta1, then the same in v1alpha1."""
+    docs = metadatastream.read_stream(path)
+    assert docs is not None
+    assert [d["apiVersion"] for d in docs] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    assert {json.dumps(dict(d, apiVersion="")) for d in docs} == {
+        json.dumps(dict(docs[0], apiVersion=""))
+    }
+    return docs
+
+
 def claim_id(dev: str, u: str = U) -> str:
     return f"k8s.{DRIVER}/claim={u}-{dev}"
 
@@ -88,10 +103,12 @@ def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
         PreparedDevice(("second",), NODE, D2, (claim_id(D2), f"{DRIVER}/metadata={U}_second")),
     )
     host = host_file(tmp_path, "default", "gpu-claim", "gpu")
-    expected_doc = (
+    # The same object once per version, newest first, each followed by a newline: what the
+    # library's metadataWriter.encodeMetadataStream writes with both versions enabled.
+    expected_doc = "".join(
         "{\n"
         '  "kind": "DeviceMetadata",\n'
-        '  "apiVersion": "metadata.resource.k8s.io/v1alpha1",\n'
+        f'  "apiVersion": "metadata.resource.k8s.io/{version}",\n'
         '  "metadata": {\n'
         '    "name": "gpu-claim",\n'
         '    "namespace": "default",\n'
@@ -119,6 +136,7 @@ def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
             for d in (D0, D1)
         )
         + "\n      ]\n    }\n  ]\n}\n"
+        for version in ("v1beta1", "v1alpha1")
     )
     assert host.read_text() == expected_doc
     assert stat.S_IMODE(host.stat().st_mode) == 0o644
@@ -146,8 +164,8 @@ def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
     assert spec.read_text() == json.dumps(expected_spec, indent=2)
     assert stat.S_IMODE(spec.stat().st_mode) == 0o644
     assert cdispec.validate_spec(json.loads(spec.read_text())) == []
-    second = json.loads(host_file(tmp_path, "default", "gpu-claim", "second").read_text())
-    assert [d["name"] for d in second["requests"][0]["devices"]] == [D2]
+    second = stream(host_file(tmp_path, "default", "gpu-claim", "second"))
+    assert [[d["name"] for d in doc["requests"][0]["devices"]] for doc in second] == [[D2]] * 2
     # Recorded, so a known claim answers the same without the API.
     meta = recorded(tmp_path).claims[U].device_metadata
     assert meta is not None and meta["requests"][0]["cdiId"] == f"{DRIVER}/metadata={U}_gpu"
@@ -162,9 +180,9 @@ def test_template_claim_and_subrequest(tmp_path: Path) -> None:
     assert got[U].devices[0].request_names == ("gpu",)
     assert got[U].devices[0].cdi_device_ids[-1] == f"{DRIVER}/metadata={U}_gpu"
     host = host_file(tmp_path, "default", "pod-gpu-x7k2p", "gpu")  # the real claim name
-    doc = json.loads(host.read_text())
-    assert list(doc) == ["kind", "apiVersion", "metadata", "podClaimName", "requests"]
-    assert doc["podClaimName"] == "accel" and doc["requests"][0]["name"] == "gpu/large"
+    for doc in stream(host):
+        assert list(doc) == ["kind", "apiVersion", "metadata", "podClaimName", "requests"]
+        assert doc["podClaimName"] == "accel" and doc["requests"][0]["name"] == "gpu/large"
     (mount,) = json.loads(spec_file(tmp_path, "gpu").read_text())["devices"][0]["containerEdits"][
         "mounts"
     ]
@@ -264,6 +282,32 @@ def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path) -> None:
     assert host_file(tmp_path, "default", "claim-1", "gpu").is_file()
 
 
+def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(tmp_path: Path) -> None:
+    """A file an older plugin wrote (v1alpha1 alone) is brought to today's stream when the
+    kubelet prepares the claim again, as are torn or foreign streams."""
+    c = claim(1, [result(D0)])
+    first = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    host = host_file(tmp_path, "default", "claim-1", "gpu")
+    content = host.read_bytes()
+    beta, alpha = stream(host)
+
+    def one(doc: dict[str, Any]) -> bytes:
+        return metadatastream.go_json(doc) + b"\n"
+
+    for old in (
+        one(alpha),  # before v1beta1
+        one(beta),  # one version missing
+        one(alpha) + one(beta),  # oldest first
+        content[: len(content) // 2],  # torn
+        content + b"[]\n",  # not an object
+    ):
+        host.write_bytes(old)
+        steps: list[str] = []
+        p = preparer(tmp_path, FakeApi(), DEVICES, device_metadata=True, on_step=steps.append)
+        assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
+        assert host.read_bytes() == content
+
+
 def test_crash_and_startup_gc(tmp_path: Path) -> None:
     keep = claim(1, [result(D0)])
     half = claim(2, [result(D1)])
@@ -323,15 +367,17 @@ def test_pci_bus_id_attribute_reaches_the_file(tmp_path: Path) -> None:
         (DeviceRecord(("gpu",), NODE, "gpu-0", ()),),
         device_metadata=meta.to_json(),
     )
-    doc = json.loads(files.document(rec, meta, meta.requests[0], {"gpu-0": dev}))
-    attrs = doc["requests"][0]["devices"][0]["attributes"]
-    assert attrs[PCI_BUS_ID] == {"string": "0000:01:00.0"}
-    assert attrs["index"] == {"int": 0} and attrs["mig"] == {"bool": False}
+    path = tmp_path / "metadata.json"
+    path.write_bytes(files.document(rec, meta, meta.requests[0], {"gpu-0": dev}))
+    for doc in stream(path):
+        attrs = doc["requests"][0]["devices"][0]["attributes"]
+        assert attrs[PCI_BUS_ID] == {"string": "0000:01:00.0"}
+        assert attrs["index"] == {"int": 0} and attrs["mig"] == {"bool": False}
 
 
 @pytest.mark.parametrize("text", ["a<b>&c", "ünï\u2028"])
 def test_go_json_escapes_like_encoding_json(text: str) -> None:
-    out = dm.go_json({"k": text}).decode()
+    out = metadatastream.go_json({"k": text}).decode()
     assert "<" not in out and ">" not in out and "&" not in out and "\u2028" not in out
     assert json.loads(out) == {"k": text}
 

@@ -50,7 +50,8 @@
  *     [mig]                           (belongs to the [gpu] above it)
  *     name = NVIDIA H200 MIG 1g.18gb
  *     uuid = MIG-...
- *     gpu_instance_id = 9
+ *     gpu_instance_id = 13            (optional with a placement, which fixes it: see
+ *                                      placement_id; a different one fails nvmlInit)
  *     compute_instance_id = 0
  *     profile_id = 19
  *     placement = 6 1
@@ -331,6 +332,7 @@ static void set_key(fake_dev *d, const char *key, const char *val) {
 }
 
 static gi_profile *profile_by_id(fake_dev *gpu, unsigned id, unsigned *index);
+static int placement_id(const fake_dev *gpu, unsigned start, unsigned size, unsigned *id);
 static void load_state(void);
 static void write_mig_minors(void);
 
@@ -382,10 +384,25 @@ static int load_profile(void) {
     }
     fclose(f);
     for (int i = 0; i < g_nmigs; i++) { /* a static instance's profile, by its id */
-        g_cis[i].mig = &g_migs[i];
-        unsigned index = 0;
-        if (profile_by_id(&g_gpus[g_migs[i].gpu], g_migs[i].profile_id, &index))
-            g_migs[i].profile_index = index;
+        fake_dev *m = &g_migs[i];
+        g_cis[i].mig = m;
+        unsigned index = 0, id = 0;
+        if (profile_by_id(&g_gpus[m->gpu], m->profile_id, &index)) m->profile_index = index;
+        if (!m->placement_size) continue;
+        /* A placement fixes the GPU instance id, as on the real driver: a profile that says
+         * otherwise describes no real GPU. */
+        if (!placement_id(&g_gpus[m->gpu], m->placement_start, m->placement_size, &id)) {
+            fprintf(stderr, "fake_nvml: %s: placement %u+%u is no span of memory slices\n",
+                    m->uuid, m->placement_start, m->placement_size);
+            return NVML_ERROR_UNKNOWN;
+        }
+        if (m->gi == FULL_INSTANCE) m->gi = id;
+        if (m->gi != id) {
+            fprintf(stderr, "fake_nvml: %s: gpu_instance_id %u, but placement %u+%u is GPU "
+                    "instance %u on a real driver\n", m->uuid, m->gi, m->placement_start,
+                    m->placement_size, id);
+            return NVML_ERROR_UNKNOWN;
+        }
     }
     load_state();
     write_mig_minors();
@@ -674,10 +691,11 @@ nvmlReturn_t nvmlDeviceGetMigMode(void *h, unsigned *current, unsigned *pending)
     *current = *pending = (unsigned)d->mig_mode;
     return NVML_SUCCESS;
 }
+/* nvml.h: "Returns zero if MIG is not supported or enabled" (and NVML_SUCCESS). */
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *h, unsigned *count) {
     CHECK(h, d);
-    if (d->is_mig || d->mig_mode < 0) return NVML_ERROR_NOT_SUPPORTED;
-    *count = MAX_MIG_PER_GPU;
+    if (d->is_mig || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    *count = d->mig_mode == 1 ? MAX_MIG_PER_GPU : 0;
     return NVML_SUCCESS;
 }
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *h, unsigned index, void **mig) {
@@ -937,6 +955,33 @@ static void load_state(void) {
     fclose(f);
 }
 
+/* The GPU instance id the driver gives a placement: the partition's swizzId, which names
+ * its span of memory slices (open-gpu-kernel-modules, kmigmgrSwizzIdToSpan_GA100 in
+ * src/nvidia/src/kernel/gpu/mig_mgr/arch/ampere/kmigmgr_ga100.c, used for GA100, GH100 and
+ * GB100): 0 the whole GPU, 1-2 its halves, 3-6 its quarters, 7-14 its eighths, each level
+ * in slice order. So an id is a function of the placement, never of what else exists or
+ * was made before: id = slices/size - 1 + start/size. Returns 0 for a placement that is
+ * no such span. */
+static unsigned memory_slices(const fake_dev *gpu) {
+    unsigned top = 0;
+    for (unsigned i = 0; i < GI_PROFILE_COUNT; i++) {
+        const gi_profile *p = &gpu->profiles[i];
+        for (unsigned k = 0; p->present && k < p->nplacements; k++)
+            if (p->placements[k][0] + p->placements[k][1] > top)
+                top = p->placements[k][0] + p->placements[k][1];
+    }
+    return top ? top : 8; /* no profile table: the 8 memory slices of A100/H100/H200 */
+}
+
+static int placement_id(const fake_dev *gpu, unsigned start, unsigned size, unsigned *id) {
+    unsigned slices = memory_slices(gpu);
+    if (size == 0 || slices % size || start % size || start + size > slices) return 0;
+    unsigned parts = slices / size;
+    if (parts & (parts - 1)) return 0; /* not a power of two: no level of the tree */
+    *id = parts - 1 + start / size;
+    return 1;
+}
+
 static int in_use_range(int gpu, unsigned start, unsigned size) {
     for (int i = 0; i < g_nmigs; i++) {
         fake_dev *m = &g_migs[i];
@@ -972,11 +1017,8 @@ nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(void *h, unsigned profile_
     if (in_use_range(d->gpu, pl->start, pl->size) || live_of(d->gpu, profile_id) >= p->instances) {
         r = NVML_ERROR_INSUFFICIENT_RESOURCES;
     } else {
-        unsigned id = 1; /* the lowest GPU instance id free on this GPU */
-        for (int i = 0; i < g_nmigs; i++) {
-            fake_dev *m = &g_migs[i];
-            if (m->gpu == d->gpu && !m->dead && m->gi == id) id++, i = -1;
-        }
+        unsigned id = 0;
+        placement_id(d, pl->start, pl->size, &id); /* a listed placement always has one */
         fake_dev *m = add_instance(d->gpu, id, index, pl->start, pl->size);
         if (!m) {
             r = NVML_ERROR_INSUFFICIENT_RESOURCES;
