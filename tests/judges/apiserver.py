@@ -1,0 +1,486 @@
+"""The real kube-apiserver (with embedded etcd) as a test judge.
+
+`start()` runs judges/cmd/apiserver (built by build.py) on 127.0.0.1 in a directory of its
+own, waits for /readyz and hands back an `ApiServer`: its URL, CA file and admin token, a
+small admin client (`request`, `create`, `get`, ...) and `stop()`. `install_chart()` loads
+what `helm template charts/dra-plugin` renders for the plugin's identity (namespace,
+ServiceAccount, ClusterRole/Role and their bindings, the ValidatingAdmissionPolicies and
+their bindings); `plugin_access()` then makes a Node, a Pod of the chart's ServiceAccount
+bound to it, a token requested for that Pod (so the token carries the node name the
+admission policy reads) and a kubeconfig the plugin's own client loads.
+
+The admin client is plain urllib over the server's CA: the plugin's client is the one
+under test, so setup goes around it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import yaml
+
+from tests.judges import build
+
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "dra-plugin"
+HELM = REPO / ".tools" / "bin" / "helm"
+RELEASE = "gpu"
+NAMESPACE = "dra-system"
+START_TIMEOUT_S = 300.0  # a loaded 2-core CI machine: etcd, then every API group's storage
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+# What install_chart() takes from the rendered chart: the plugin's identity and rules.
+CHART_KINDS = (
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+)
+
+
+class JudgeError(RuntimeError):
+    """The API server judge could not start or answered a setup call with an error."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, list[str]]
+    body: Any
+
+    @property
+    def warnings(self) -> list[str]:
+        """The server's Warning headers (RFC 7234: `299 - "text"`), text only."""
+        out = []
+        for raw in self.headers.get("warning", []):
+            text = raw.split(" ", 2)[-1] if raw.startswith("299") else raw
+            out.append(text.strip().strip('"'))
+        return out
+
+
+@dataclass
+class ApiServer:
+    """A running judge: kube-apiserver + etcd, and an admin client for setup."""
+
+    url: str
+    ca_file: Path
+    admin_token: str
+    dir: Path
+    log: Path
+    emulated_version: str
+    feature_gates: str
+    runtime_config: str
+    start_seconds: float
+    _proc: subprocess.Popen[bytes] = field(repr=False)
+    _ctx: ssl.SSLContext = field(repr=False)
+
+    # --- admin client ------------------------------------------------------------------
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        params: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        """One request as the admin (or as `token`); any status comes back, none raises."""
+        url = self.url + path + ("?" + urlencode(params) if params else "")
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.admin_token if token is None else token}")
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, context=self._ctx, timeout=30) as resp:
+                status, headers, raw = resp.status, resp.headers, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, headers, raw = exc.code, exc.headers, exc.read()
+        hdrs: dict[str, list[str]] = {}
+        for key, value in headers.items():
+            hdrs.setdefault(key.lower(), []).append(value)
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        return Response(status, hdrs, parsed)
+
+    def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Obj:
+        resp = self.request(method, path, body, **kw)
+        if not 200 <= resp.status < 300:
+            raise JudgeError(f"{method} {path}: {resp.status} {resp.body}")
+        result: Obj = resp.body
+        return result
+
+    def create(self, obj: Obj) -> Obj:
+        """Create `obj` as the admin; an object that exists already is replaced."""
+        path = collection_path(obj)
+        resp = self.request("POST", path, obj)
+        if resp.status == 409:
+            name = obj["metadata"]["name"]
+            current = self.ok("GET", f"{path}/{quote(name)}")
+            obj = {
+                **obj,
+                "metadata": {
+                    **obj["metadata"],
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                },
+            }
+            return self.ok("PUT", f"{path}/{quote(name)}", obj)
+        if not 200 <= resp.status < 300:
+            raise JudgeError(
+                f"create {obj.get('kind')} {obj['metadata'].get('name')}: {resp.status} {resp.body}"
+            )
+        result: Obj = resp.body
+        return result
+
+    def get(self, path: str) -> Obj:
+        return self.ok("GET", path)
+
+    def delete(self, path: str) -> None:
+        resp = self.request("DELETE", path)
+        if resp.status not in (200, 202, 404):
+            raise JudgeError(f"DELETE {path}: {resp.status} {resp.body}")
+
+    def slices(self, node: str | None = None) -> list[Obj]:
+        params = {"fieldSelector": f"spec.nodeName={node}"} if node else None
+        items: list[Obj] = self.ok("GET", "/apis/resource.k8s.io/v1/resourceslices", params=params)[
+            "items"
+        ]
+        return items
+
+    def ensure_namespace(self, name: str) -> None:
+        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    def create_node(self, name: str) -> Obj:
+        return self.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}})
+
+    # --- lifecycle ---------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._proc.poll() is None
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (kube-apiserver shuts down, then etcd); SIGKILL past `timeout`."""
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+
+def collection_path(obj: Obj) -> str:
+    """The REST collection of `obj` (the kinds the judges create)."""
+    group_version = obj["apiVersion"]
+    kind = obj["kind"]
+    namespace = obj.get("metadata", {}).get("namespace")
+    plural = _PLURALS.get(kind) or kind.lower() + "s"
+    base = f"/api/{group_version}" if "/" not in group_version else f"/apis/{group_version}"
+    if namespace and kind not in _CLUSTER_SCOPED:
+        return f"{base}/namespaces/{namespace}/{plural}"
+    return f"{base}/{plural}"
+
+
+_PLURALS = {
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "DeviceClass": "deviceclasses",
+}
+_CLUSTER_SCOPED = {
+    "Namespace",
+    "Node",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
+    "ResourceSlice",
+}
+
+
+def start(
+    *,
+    emulated_version: str = "",
+    feature_gates: str = "",
+    runtime_config: str = "",
+    workdir: Path | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> ApiServer:
+    """Build (if needed) and start a judge; returns once /readyz is ok.
+
+    `emulated_version` ("1.34", "1.35"): kube-apiserver's compatibility version, so that
+    release's feature-gate defaults and served APIs apply. `runtime_config`: e.g.
+    "resource.k8s.io/v1beta2=true" (default: what a default cluster serves, v1 only).
+    """
+    binary = build.build().binary("apiserver")
+    root = Path(tempfile.mkdtemp(prefix="judge-apiserver-", dir=workdir))
+    ready = root / "ready.json"
+    log = root / "apiserver.log"
+    args = [str(binary), f"--dir={root / 'data'}", f"--ready-file={ready}"]
+    if emulated_version:
+        args.append(f"--emulated-version={emulated_version}")
+    if feature_gates:
+        args.append(f"--feature-gates={feature_gates}")
+    if runtime_config:
+        args.append(f"--runtime-config={runtime_config}")
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    deadline = t0 + timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            _remove(root)
+            raise JudgeError(
+                f"the API server judge exited ({proc.returncode}):\n" + "\n".join(tail)
+            )
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            tail = log.read_text(errors="replace").splitlines()[-40:]
+            _remove(root)
+            raise JudgeError(
+                f"the API server judge was not ready in {timeout:.0f}s:\n" + "\n".join(tail)
+            )
+        time.sleep(0.1)
+    info = json.loads(ready.read_text())
+    ctx = ssl.create_default_context(cafile=info["ca_file"])
+    return ApiServer(
+        url=info["url"],
+        ca_file=Path(info["ca_file"]),
+        admin_token=info["token"],
+        dir=root,
+        log=log,
+        emulated_version=emulated_version,
+        feature_gates=feature_gates,
+        runtime_config=runtime_config,
+        start_seconds=time.monotonic() - t0,
+        _proc=proc,
+        _ctx=ctx,
+    )
+
+
+def _remove(root: Path) -> None:
+    subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+@contextlib.contextmanager
+def running(**kwargs: Any) -> Iterator[ApiServer]:
+    """start(), and stop() plus removal of its directory on the way out."""
+    server = start(**kwargs)
+    try:
+        yield server
+    finally:
+        server.stop()
+        _remove(server.dir)
+
+
+# --- the chart's identity ------------------------------------------------------------------
+def render_chart(*, values: Obj | None = None, kube_version: str = "1.37.2") -> list[Obj]:
+    """`helm template` of the chart, as the chart tests run it (release gpu, dra-system)."""
+    if not os.access(HELM, os.X_OK):
+        raise JudgeError(f"helm is not installed at {HELM}: run .ci/install-helm")
+    args = [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args += ["--kube-version", kube_version]
+    with tempfile.TemporaryDirectory(prefix="judge-helm-") as tmp:
+        if values:
+            vfile = Path(tmp) / "values.yaml"
+            vfile.write_text(yaml.safe_dump(values))
+            args += ["--values", str(vfile)]
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HELM_CONFIG_HOME": f"{tmp}/config",
+            "HELM_CACHE_HOME": f"{tmp}/cache",
+            "HELM_DATA_HOME": f"{tmp}/data",
+            "KUBECONFIG": os.devnull,
+        }
+        proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
+    if proc.returncode != 0:
+        raise JudgeError(f"helm template failed: {proc.stderr}")
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+@dataclass(frozen=True)
+class Chart:
+    """What install_chart() loaded: the rendered objects and the plugin's identity."""
+
+    objects: list[Obj]
+    namespace: str
+    service_account: str
+
+    @property
+    def username(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.service_account}"
+
+    def of_kind(self, kind: str) -> list[Obj]:
+        return [o for o in self.objects if o.get("kind") == kind]
+
+
+def install_chart(server: ApiServer, *, values: Obj | None = None) -> Chart:
+    """Load the chart's namespace, ServiceAccount, RBAC and admission policies, exactly as
+    rendered, and wait until the admission policies are in force."""
+    kube_version = server.emulated_version + ".0" if server.emulated_version else "1.37.2"
+    rendered = render_chart(values=values, kube_version=kube_version)
+    objects = [o for o in rendered if o.get("kind") in CHART_KINDS]
+    accounts = [o for o in objects if o["kind"] == "ServiceAccount"]
+    if len(accounts) != 1:
+        raise JudgeError(f"the chart renders {len(accounts)} ServiceAccounts, expected 1")
+    account = accounts[0]["metadata"]
+    server.ensure_namespace(account["namespace"])
+    for obj in sorted(objects, key=lambda o: CHART_KINDS.index(o["kind"])):
+        obj.setdefault("metadata", {}).setdefault("namespace", account["namespace"])
+        server.create(obj)
+    chart = Chart(objects, account["namespace"], account["name"])
+    if chart.of_kind("ValidatingAdmissionPolicy"):
+        _wait_policy_in_force(server, chart)
+    return chart
+
+
+def _wait_policy_in_force(server: ApiServer, chart: Chart, timeout: float = 60.0) -> None:
+    """A policy takes effect when the API server's informer sees it: probe with a dry-run
+    slice for node B written as the plugin on node A until it is refused."""
+    a, b = f"probe-a-{uuid.uuid4().hex[:8]}", f"probe-b-{uuid.uuid4().hex[:8]}"
+    access = plugin_access(server, chart, a)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "probe-"},
+        "spec": {
+            "driver": "probe.example.com",
+            "nodeName": b,
+            "pool": {"name": b, "generation": 0, "resourceSliceCount": 1},
+        },
+    }
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            resp = server.request(
+                "POST",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                body,
+                token=access.token,
+                params={"dryRun": "All"},
+            )
+            if resp.status == 403 and "ValidatingAdmissionPolicy" in json.dumps(resp.body):
+                return
+            if time.monotonic() > deadline:
+                raise JudgeError(
+                    f"the chart's admission policy is not in force after {timeout:.0f}s: "
+                    f"{resp.status} {resp.body}"
+                )
+            time.sleep(0.2)
+    finally:
+        access.remove()
+
+
+@dataclass
+class PluginAccess:
+    """The plugin's credentials on one node: a token of the chart's ServiceAccount bound
+    to a Pod on `node` (so it carries the node name), and a kubeconfig with it."""
+
+    server: ApiServer
+    node: str
+    node_uid: str
+    pod: str
+    namespace: str
+    token: str
+    kubeconfig: Path
+
+    def remove(self) -> None:
+        """Delete the Pod (its tokens stop working), the Node and the kubeconfig."""
+        self.server.delete(
+            f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}?gracePeriodSeconds=0"
+        )
+        self.server.delete(f"/api/v1/nodes/{self.node}")
+        self.kubeconfig.unlink(missing_ok=True)
+
+
+def plugin_access(
+    server: ApiServer, chart: Chart, node: str, *, create_node: bool = True
+) -> PluginAccess:
+    """A Node (unless it exists), a Pod of the chart's ServiceAccount on it, a token for
+    that Pod and a kubeconfig (HTTPS, the judge's CA) the plugin's client loads."""
+    node_obj = server.create_node(node) if create_node else server.get(f"/api/v1/nodes/{node}")
+    pod = f"dra-plugin-{node}"[:63]
+    server.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": pod, "namespace": chart.namespace},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": chart.service_account,
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "plugin", "image": "dra-plugin:judge"}],
+            },
+        }
+    )
+    review = server.ok(
+        "POST",
+        f"/api/v1/namespaces/{chart.namespace}/serviceaccounts/{chart.service_account}/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": ["https://kubernetes.default.svc"],
+                "expirationSeconds": 3600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod},
+            },
+        },
+    )
+    token = review["status"]["token"]
+    kubeconfig = server.dir / f"kubeconfig-{node}"
+    write_kubeconfig(kubeconfig, server, token)
+    return PluginAccess(
+        server, node, node_obj["metadata"]["uid"], pod, chart.namespace, token, kubeconfig
+    )
+
+
+def write_kubeconfig(path: Path, server: ApiServer, token: str) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "judge",
+                "cluster": {"server": server.url, "certificate-authority": str(server.ca_file)},
+            }
+        ],
+        "users": [{"name": "plugin", "user": {"token": token}}],
+        "contexts": [{"name": "judge", "context": {"cluster": "judge", "user": "plugin"}}],
+        "current-context": "judge",
+    }
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(config))
+    tmp.chmod(0o600)
+    tmp.rename(path)

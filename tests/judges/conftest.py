@@ -1,0 +1,85 @@
+"""Fixtures for the judge tests: real API servers shared per gate setting.
+
+`judge_servers` (session): a factory `get(emulated_version="", feature_gates="",
+runtime_config="") -> ApiServer`; servers with the same settings are started once and
+shared, at most two run at a time (the oldest stops when a third is asked for), all stop
+at the end of the session. `judge_api` is the default one (1.37 gates, v1 served), with
+the chart's identity installed (`judge_chart`). `judge_node` (per test): a fresh node
+name with the plugin's credentials for it (a `PluginAccess`), removed afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.judges import apiserver
+from tests.judges.apiserver import ApiServer, Chart, PluginAccess
+
+ServerFactory = Callable[..., ApiServer]
+MAX_RUNNING = 2
+
+
+@pytest.fixture(scope="session")
+def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    live: dict[tuple[str, str, str], ApiServer] = {}
+    workdir = tmp_path_factory.mktemp("judges")
+
+    def get(
+        emulated_version: str = "", feature_gates: str = "", runtime_config: str = ""
+    ) -> ApiServer:
+        key = (emulated_version, feature_gates, runtime_config)
+        server = live.get(key)
+        if server is not None and server.running:
+            return server
+        while len(live) >= MAX_RUNNING:
+            oldest = next(iter(live))
+            live.pop(oldest).stop()
+        server = apiserver.start(
+            emulated_version=emulated_version,
+            feature_gates=feature_gates,
+            runtime_config=runtime_config,
+            workdir=workdir,
+        )
+        live[key] = server
+        return server
+
+    try:
+        yield get
+    finally:
+        for server in live.values():
+            server.stop()
+
+
+_charts: dict[str, Chart] = {}
+
+
+def chart_on(server: ApiServer) -> Chart:
+    """The chart's identity on `server`, installed once per server."""
+    chart = _charts.get(str(server.dir))
+    if chart is None or not server.running:
+        chart = _charts[str(server.dir)] = apiserver.install_chart(server)
+    return chart
+
+
+@pytest.fixture
+def judge_api(judge_servers: ServerFactory) -> ApiServer:
+    return judge_servers()
+
+
+@pytest.fixture
+def judge_chart(judge_api: ApiServer) -> Chart:
+    return chart_on(judge_api)
+
+
+def fresh_node() -> str:
+    return f"node-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def judge_node(judge_api: ApiServer, judge_chart: Chart) -> Iterator[PluginAccess]:
+    access = apiserver.plugin_access(judge_api, judge_chart, fresh_node())
+    yield access
+    access.remove()
