@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,10 @@ class ApiServer:
         return ""
 
 
+# judge_servers' factory: (emulated_version="", feature_gates="", runtime_config="").
+ServerFactory = Callable[..., ApiServer]
+
+
 def collection_path(obj: Obj) -> str:
     """The REST collection of `obj` (the kinds the judges create)."""
     group_version = obj["apiVersion"]
@@ -344,6 +348,22 @@ class Chart:
 
     def of_kind(self, kind: str) -> list[Obj]:
         return [o for o in self.objects if o.get("kind") == kind]
+
+
+_charts: dict[str, Chart] = {}
+
+
+def chart_on(server: ApiServer) -> Chart:
+    """The chart's identity on `server`, installed once per server (default values)."""
+    chart = _charts.get(str(server.dir))
+    if chart is None:
+        chart = _charts[str(server.dir)] = install_chart(server)
+    return chart
+
+
+def fresh_node() -> str:
+    """A node name no other test uses (tests share a server)."""
+    return f"node-{uuid.uuid4().hex[:8]}"
 
 
 def install_chart(server: ApiServer, *, values: Obj | None = None) -> Chart:

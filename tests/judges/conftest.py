@@ -10,15 +10,20 @@ name with the plugin's credentials for it (a `PluginAccess`), removed afterwards
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from tests.judges import apiserver
-from tests.judges.apiserver import ApiServer, Chart, PluginAccess
+from tests.judges.apiserver import (
+    ApiServer,
+    Chart,
+    PluginAccess,
+    ServerFactory,
+    chart_on,
+    fresh_node,
+)
 
-ServerFactory = Callable[..., ApiServer]
 MAX_RUNNING = 2
 
 
@@ -53,17 +58,6 @@ def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFa
             server.stop()
 
 
-_charts: dict[str, Chart] = {}
-
-
-def chart_on(server: ApiServer) -> Chart:
-    """The chart's identity on `server`, installed once per server."""
-    chart = _charts.get(str(server.dir))
-    if chart is None or not server.running:
-        chart = _charts[str(server.dir)] = apiserver.install_chart(server)
-    return chart
-
-
 @pytest.fixture
 def judge_api(judge_servers: ServerFactory) -> ApiServer:
     return judge_servers()
@@ -72,10 +66,6 @@ def judge_api(judge_servers: ServerFactory) -> ApiServer:
 @pytest.fixture
 def judge_chart(judge_api: ApiServer) -> Chart:
     return chart_on(judge_api)
-
-
-def fresh_node() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
