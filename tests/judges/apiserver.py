@@ -73,8 +73,10 @@ class Response:
         """The server's Warning headers (RFC 7234: `299 - "text"`), text only."""
         out = []
         for raw in self.headers.get("warning", []):
-            text = raw.split(" ", 2)[-1] if raw.startswith("299") else raw
-            out.append(text.strip().strip('"'))
+            text = (raw.split(" ", 2)[-1] if raw.startswith("299") else raw).strip()
+            if len(text) >= 2 and text[0] == text[-1] == '"':  # a quoted-string
+                text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+            out.append(text)
         return out
 
 
@@ -106,26 +108,15 @@ class ApiServer:
         content_type: str = "application/json",
     ) -> Response:
         """One request as the admin (or as `token`); any status comes back, none raises."""
-        url = self.url + path + ("?" + urlencode(params) if params else "")
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(url, data=data, method=method)
-        req.add_header("Authorization", f"Bearer {self.admin_token if token is None else token}")
-        req.add_header("Accept", "application/json")
-        if data is not None:
-            req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, context=self._ctx, timeout=30) as resp:
-                status, headers, raw = resp.status, resp.headers, resp.read()
-        except urllib.error.HTTPError as exc:
-            status, headers, raw = exc.code, exc.headers, exc.read()
-        hdrs: dict[str, list[str]] = {}
-        for key, value in headers.items():
-            hdrs.setdefault(key.lower(), []).append(value)
-        try:
-            parsed = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = raw.decode("utf-8", "replace")
-        return Response(status, hdrs, parsed)
+        return http_request(
+            self.url + path,
+            method,
+            body,
+            token=self.admin_token if token is None else token,
+            params=params,
+            content_type=content_type,
+            context=self._ctx,
+        )
 
     def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> Obj:
         resp = self.request(method, path, body, **kw)
@@ -192,6 +183,19 @@ class ApiServer:
                 self._proc.kill()
                 self._proc.wait()
 
+    def restart(
+        self, *, emulated_version: str = "", feature_gates: str = "", runtime_config: str = ""
+    ) -> ApiServer:
+        """Stop, then start again on the same etcd data with these settings (a cluster
+        upgraded or downgraded, or a gate flipped): a new ApiServer (new credentials)."""
+        self.stop()
+        return start(
+            emulated_version=emulated_version,
+            feature_gates=feature_gates,
+            runtime_config=runtime_config,
+            root=self.dir,
+        )
+
     def log_tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -200,6 +204,40 @@ class ApiServer:
 
 # judge_servers' factory: (emulated_version="", feature_gates="", runtime_config="").
 ServerFactory = Callable[..., ApiServer]
+
+
+def http_request(
+    url: str,
+    method: str,
+    body: Any = None,
+    *,
+    token: str = "",
+    params: dict[str, str] | None = None,
+    content_type: str = "application/json",
+    context: ssl.SSLContext | None = None,
+) -> Response:
+    """One JSON request (any server: the judge, the fake); every status comes back."""
+    url += "?" + urlencode(params) if params else ""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(req, context=context, timeout=30) as resp:
+            status, headers, raw = resp.status, resp.headers, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, headers, raw = exc.code, exc.headers, exc.read()
+    hdrs: dict[str, list[str]] = {}
+    for key, value in headers.items():
+        hdrs.setdefault(key.lower(), []).append(value)
+    try:
+        parsed = json.loads(raw) if raw else None
+    except ValueError:
+        parsed = raw.decode("utf-8", "replace")
+    return Response(status, hdrs, parsed)
 
 
 def collection_path(obj: Obj) -> str:
@@ -236,6 +274,7 @@ def start(
     feature_gates: str = "",
     runtime_config: str = "",
     workdir: Path | None = None,
+    root: Path | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> ApiServer:
     """Build (if needed) and start a judge; returns once /readyz is ok.
@@ -243,10 +282,13 @@ def start(
     `emulated_version` ("1.34", "1.35"): kube-apiserver's compatibility version, so that
     release's feature-gate defaults and served APIs apply. `runtime_config`: e.g.
     "resource.k8s.io/v1beta2=true" (default: what a default cluster serves, v1 only).
+    `root`: a directory an earlier judge used (its etcd data is kept), else a new one.
     """
     binary = build.build().binary("apiserver")
-    root = Path(tempfile.mkdtemp(prefix="judge-apiserver-", dir=workdir))
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix="judge-apiserver-", dir=workdir))
     ready = root / "ready.json"
+    ready.unlink(missing_ok=True)
     log = root / "apiserver.log"
     args = [str(binary), f"--dir={root / 'data'}", f"--ready-file={ready}"]
     if emulated_version:
@@ -298,15 +340,20 @@ def _remove(root: Path) -> None:
     subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
+def stop_and_remove(server: ApiServer) -> None:
+    """stop(), then remove the judge's directory (etcd data, credentials, log)."""
+    server.stop()
+    _remove(server.dir)
+
+
 @contextlib.contextmanager
 def running(**kwargs: Any) -> Iterator[ApiServer]:
-    """start(), and stop() plus removal of its directory on the way out."""
+    """start(), and stop_and_remove() on the way out."""
     server = start(**kwargs)
     try:
         yield server
     finally:
-        server.stop()
-        _remove(server.dir)
+        stop_and_remove(server)
 
 
 # --- the chart's identity ------------------------------------------------------------------
