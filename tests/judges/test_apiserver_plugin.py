@@ -22,6 +22,7 @@ from dra_plugin.kubeapi import ForbiddenError, InvalidError, KubeAPI, Obj, Timeo
 from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes.claim_harness import intel_device
 from tests.fakes.waits import async_wait_for
+from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
 from tests.judges.apiserver import ApiServer, PluginAccess
 
 pytestmark = pytest.mark.slow
@@ -285,3 +286,24 @@ def test_status_of_another_nodes_claim_is_refused(
             await api.close()
 
     asyncio.run(go())
+
+
+def test_a_field_the_server_drops_is_logged(
+    judge_api: ApiServer, judge_node: PluginAccess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """fieldValidation defaults to Warn: the real server stores the slice without the
+    field it does not know and says so in a Warning header, which the plugin logs."""
+    body = slice_with_unknown_field(judge_node.node)
+
+    async def go() -> Obj:
+        api = plugin_api(judge_node)
+        try:
+            return await api.create_slice(body)
+        finally:
+            await api.close()
+
+    with caplog.at_level("WARNING", logger="dra_plugin.kubeapi"):
+        got = asyncio.run(go())
+    assert "futureField" not in got["spec"]["devices"][0]
+    said = [r.getMessage() for r in caplog.records if "warns" in r.getMessage()]
+    assert len(said) == 1 and 'unknown field "spec.devices[0].futureField"' in said[0]
