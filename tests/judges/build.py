@@ -122,3 +122,10 @@ def build() -> Built:
                 shutil.rmtree(old, ignore_errors=True)
         tmp.rename(out)
         return Built(out, key, seconds)
+
+
+if __name__ == "__main__":
+    # `python -m tests.judges.build`: .ci/setup builds the judges before the tests run, so
+    # a fresh machine's module download and build are not inside a test's time limit.
+    built = build()
+    print(f"judges built: {built.dir} ({built.seconds:.0f} s; 0 = already built for this key)")

@@ -120,6 +120,7 @@ class JudgeTarget:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first judge test of a session may build the judges
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_real(case: Case, judge_servers: ServerFactory) -> None:
     if case.base is not None and case.base_version != case.version:

@@ -25,7 +25,9 @@ from tests.fakes.waits import async_wait_for
 from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
 from tests.judges.apiserver import ApiServer, PluginAccess
 
-pytestmark = pytest.mark.slow
+# The first judge test of a session may build the judges (a rebuild after a change to
+# judges/: minutes on a loaded 2-core machine), inside its time limit.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
 TIMEOUTS = Timeouts(connect=2, read=10, watch=30, read_attempts=3, backoff_initial=0.05)
