@@ -16,6 +16,7 @@ under test, so setup goes around it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -43,7 +44,7 @@ HELM = REPO / ".tools" / "bin" / "helm"
 RELEASE = "gpu"
 NAMESPACE = "dra-system"
 START_TIMEOUT_S = 300.0  # a loaded 2-core CI machine: etcd, then every API group's storage
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 # What install_chart() takes from the rendered chart: the plugin's identity and rules.
 CHART_KINDS = (
@@ -300,7 +301,11 @@ def start(
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
     deadline = t0 + timeout
     while not ready.exists():
@@ -334,6 +339,13 @@ def start(
         _proc=proc,
         _ctx=ctx,
     )
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL, so
+    no API server outlives the tests that started it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _remove(root: Path) -> None:

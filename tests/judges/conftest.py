@@ -41,7 +41,7 @@ def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFa
             return server
         while len(live) >= MAX_RUNNING:
             oldest = next(iter(live))
-            live.pop(oldest).stop()
+            apiserver.stop_and_remove(live.pop(oldest))
         server = apiserver.start(
             emulated_version=emulated_version,
             feature_gates=feature_gates,
@@ -55,7 +55,7 @@ def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFa
         yield get
     finally:
         for server in live.values():
-            server.stop()
+            apiserver.stop_and_remove(server)
 
 
 @pytest.fixture
