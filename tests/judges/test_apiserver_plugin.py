@@ -9,6 +9,7 @@ claim fetch and claim status (which a 1.36+ server authorizes per driver).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import pytest
 
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
 from dra_plugin.claims.claimstatus import ClaimStatusReporter
-from dra_plugin.devices import Device, Health, Version, make_device
+from dra_plugin.devices import CounterSet, Device, Health, Version, make_device
 from dra_plugin.kubeapi import ForbiddenError, InvalidError, KubeAPI, Obj, Timeouts, WatchEvent
+from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes.claim_harness import intel_device
 from tests.fakes.waits import async_wait_for
@@ -38,14 +40,17 @@ class CountingAPI(KubeAPI):
 
     slice_writes = 0
     handled_rv = 0
+    sent: list[Obj]
 
     async def create_slice(self, obj: Obj, *, dry_run: bool = False) -> Obj:
         if not dry_run:
             self.slice_writes += 1
+            self.sent.append(obj)
         return await super().create_slice(obj, dry_run=dry_run)
 
     async def update_slice(self, obj: Obj) -> Obj:
         self.slice_writes += 1
+        self.sent.append(obj)
         return await super().update_slice(obj)
 
     async def watch_slices(
@@ -61,6 +66,7 @@ class CountingAPI(KubeAPI):
 def plugin_api(access: PluginAccess) -> CountingAPI:
     api = CountingAPI.from_kubeconfig(str(access.kubeconfig), timeouts=TIMEOUTS)
     assert isinstance(api, CountingAPI)
+    api.sent = []
     return api
 
 
@@ -146,6 +152,65 @@ def test_publish_as_the_chart_service_account_then_restart_writes_nothing(
     assert "timeAdded" in devices[2]["taints"][0]  # the server's stamp
     intel = stored(judge_api, node, INTEL)
     assert len(intel) == 1 and "devices" not in intel[0]["spec"]
+
+
+def test_the_server_stores_every_slice_exactly_as_the_plugin_sent_it(
+    judge_api: ApiServer, judge_node: PluginAccess
+) -> None:
+    """Quantities in the server's canonical spelling (capacities, shares and memory
+    request policies, counters), nothing the server drops or rewrites: what the plugin
+    compares against on its next start is what it sent."""
+    node = judge_node.node
+    parts = "parts.example.com"
+    counters = CounterSet(name="gpu-9-counters", counters=(("memory", 80 * 2**30),))
+    partitioned = [
+        make_device(
+            name=f"gpu-9-part-{p}",
+            vendor="example",
+            driver=parts,
+            attributes={"parent": "gpu-9"},
+            capacity={"memory": 20 * 2**30},
+            consumes=[(counters, {"memory": 20 * 2**30})],
+        )
+        for p in range(4)
+    ]
+
+    async def go() -> list[Obj]:
+        api = plugin_api(judge_node)
+        try:
+            pub = SlicePublisher(
+                api,
+                node,
+                (NV, INTEL, parts),
+                backoff_initial=0.05,
+                backoff_max=0.5,
+                sharing={INTEL: Sharing(8, memory=True)},
+            )
+            pub.set_devices(NV, gpus(2, unhealthy=(1,)))
+            pub.set_devices(INTEL, [intel_device(i) for i in range(2)])
+            pub.set_devices(parts, partitioned)
+            await pub.start()
+            assert await pub.wait_synced(20)
+            assert pub.stats.errors == 0, pub.stats.last_error
+            await pub.stop()
+            return api.sent
+        finally:
+            await api.close()
+
+    sent = asyncio.run(go())
+    stored = {
+        (
+            s["spec"]["driver"],
+            s["spec"]["pool"]["generation"],
+            json.dumps(s["spec"].get("sharedCounters")),
+        ): s
+        for s in judge_api.slices(node)
+    }
+    assert len(sent) == len(stored) == 4
+    for obj in sent:
+        spec = obj["spec"]
+        key = (spec["driver"], spec["pool"]["generation"], json.dumps(spec.get("sharedCounters")))
+        assert stored[key]["spec"] == spec  # the taint's timeAdded too: the plugin sets it
 
 
 def test_a_slice_of_another_node_is_refused_by_the_chart_policy(
