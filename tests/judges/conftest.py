@@ -15,14 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.judges import apiserver
-from tests.judges.apiserver import (
-    ApiServer,
-    Chart,
-    PluginAccess,
-    ServerFactory,
-    chart_on,
-    fresh_node,
-)
+from tests.judges.apiserver import ApiServer, ServerFactory
+from tests.judges.chart_identity import Chart, PluginAccess, chart_on, fresh_node, plugin_access
 
 MAX_RUNNING = 2
 
@@ -70,6 +64,6 @@ def judge_chart(judge_api: ApiServer) -> Chart:
 
 @pytest.fixture
 def judge_node(judge_api: ApiServer, judge_chart: Chart) -> Iterator[PluginAccess]:
-    access = apiserver.plugin_access(judge_api, judge_chart, fresh_node())
+    access = plugin_access(judge_api, judge_chart, fresh_node())
     yield access
     access.remove()

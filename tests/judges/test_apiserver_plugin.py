@@ -25,7 +25,8 @@ from dra_plugin.slices.publisher import SlicePublisher
 from tests.fakes.claim_harness import intel_device
 from tests.fakes.waits import async_wait_for
 from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
-from tests.judges.apiserver import ApiServer, PluginAccess
+from tests.judges.apiserver import ApiServer
+from tests.judges.chart_identity import PluginAccess
 
 # The first judge test of a session may build the judges (a rebuild after a change to
 # judges/: minutes on a loaded 2-core machine), inside its time limit.
