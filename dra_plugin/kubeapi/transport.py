@@ -49,6 +49,7 @@ from dra_plugin.kubeapi.errors import (
     UnavailableError,
     translate,
 )
+from dra_plugin.kubeapi.serverwarnings import ServerWarnings
 from dra_plugin.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 AUTH_REFRESH_S = 60.0
-MAX_SAID_WARNINGS = 256  # distinct server warnings remembered (each is logged once)
 _GET_ERRORS: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, httpget.ProtocolError)
 
 
@@ -86,16 +86,6 @@ class Backoff:
 # The API server refuses objects past ~1.5 MiB (etcd's request limit); a JSON answer far
 # larger is not an object it stored, and decoding it would only cost memory.
 MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-def server_warning_text(header: str) -> str:
-    """The text of a Warning header as the API server writes it (RFC 7234:
-    `299 - "text"`, the text a quoted string)."""
-    code, _, rest = header.partition(" ")
-    text = rest.partition(" ")[2].strip() if code.isdigit() else header.strip()
-    if len(text) >= 2 and text[0] == text[-1] == '"':
-        text = text[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-    return text
 
 
 def decode(what: str, data: bytes) -> Any:
@@ -175,7 +165,7 @@ class Transport:
         self.timeouts = timeouts or Timeouts()
         self.gate = RetryGate(self.timeouts)
         self._closed = False
-        self._said: set[str] = set()
+        self._warnings = ServerWarnings()
         self._headers: dict[str, str] = {}
         self._headers_at = -AUTH_REFRESH_S
         self._urllib3_timeout = urllib3.Timeout(
@@ -277,22 +267,8 @@ class Transport:
             raise translate(exc, what) from exc
         except TRANSPORT_ERRORS as exc:
             raise translate(exc, what) from exc
-        self._note_warnings(what, getattr(resp, "headers", None))
+        self._warnings.note(what, getattr(resp, "headers", None))
         return decode(what, data)
-
-    def _note_warnings(self, what: str, headers: Any) -> None:
-        """The server's Warning headers, each logged once: a field it dropped (unknown to
-        its version: fieldValidation defaults to Warn, and the write still succeeds), a
-        deprecated API. Silence here would hide a slice that lost a field."""
-        getlist = getattr(headers, "getlist", None)
-        if getlist is None:
-            return
-        for raw in getlist("Warning"):
-            text = server_warning_text(str(raw))
-            if text in self._said or len(self._said) >= MAX_SAID_WARNINGS:
-                continue
-            self._said.add(text)
-            log.warning("the API server warns what=%r warning=%r", what, text)
 
     def _auth_headers(self, *, refresh: bool = False) -> dict[str, str]:
         """Headers for a plain GET: the client's defaults and its auth, computed once per
