@@ -49,9 +49,10 @@ class BenchNode:
         original = self.api.create_slice
 
         def create_slice(
-            version: str, body: dict[str, Any], *, dry_run: bool = False
+            version: str, body: dict[str, Any], *, dry_run: bool = False, **kwargs: Any
         ) -> dict[str, Any]:
-            result = original(version, body, dry_run=dry_run)  # raises for a rejected slice
+            # kwargs: fieldValidation and the Warning texts, passed through.
+            result = original(version, body, dry_run=dry_run, **kwargs)  # raises if rejected
             if not dry_run:  # a dry-run create (the sharing probe) stores nothing
                 with self._lock:
                     self.slice_created.append(time.monotonic())

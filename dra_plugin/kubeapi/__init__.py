@@ -5,6 +5,7 @@ the plugin imports from here and sees our own exceptions (errors.py), with the c
 exception chained as the cause. Its modules, by job:
   errors.py     our exceptions; client/transport failures translated into them
   transport.py  client construction, timeouts, read retries with backoff, JSON in/out
+  serverwarnings.py  the server's Warning headers, each logged once
   httpget.py    plain GETs (claims, nodes) from the event loop, set up from the client's
                 configuration
   discovery.py  the served resource.k8s.io version (cached) and v1beta1 -> v1 conversion

@@ -49,6 +49,7 @@ from dra_plugin.kubeapi.errors import (
     UnavailableError,
     translate,
 )
+from dra_plugin.kubeapi.serverwarnings import ServerWarnings
 from dra_plugin.telemetry import metrics
 
 if TYPE_CHECKING:
@@ -164,6 +165,7 @@ class Transport:
         self.timeouts = timeouts or Timeouts()
         self.gate = RetryGate(self.timeouts)
         self._closed = False
+        self._warnings = ServerWarnings()
         self._headers: dict[str, str] = {}
         self._headers_at = -AUTH_REFRESH_S
         self._urllib3_timeout = urllib3.Timeout(
@@ -266,6 +268,7 @@ class Transport:
             raise translate(exc, what) from exc
         except TRANSPORT_ERRORS as exc:
             raise translate(exc, what) from exc
+        self._warnings.note(what, getattr(resp, "headers", None))
         return decode(what, data)
 
     def _auth_headers(self, *, refresh: bool = False) -> dict[str, str]:

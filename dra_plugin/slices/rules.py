@@ -2,7 +2,9 @@
 
 A bad value then names its slice, device and rule instead of failing a whole write. Ported
 from kubernetes pkg/apis/resource/validation, including the consumable-capacity
-(KEP-5075) request policies.
+(KEP-5075) request policies; every case of tests/judges/slice_cases.py that the real
+kube-apiserver refuses is refused here too (tests/unit/test_slice_rules_table.py). Where
+releases differ, the strictest supported one's limit applies (4 taints per device in 1.34).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ Obj = dict[str, Any]
 
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_PER_SLICE_WITH_TAINTS = 64
-MAX_TAINTS_PER_DEVICE = 16
+MAX_TAINTS_PER_DEVICE = 4  # 1.34's limit (16 from 1.35): valid on every supported server
+MAX_BINDING_CONDITIONS = 4  # BindingConditionsMaxSize, BindingFailureConditionsMaxSize
 MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
 MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
 MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
@@ -84,6 +87,11 @@ def validate_slice(obj: Obj) -> None:
         fail("driver name must be a lowercase DNS subdomain of at most 63 characters")
     if not is_dns_subdomain(node):
         fail("spec.nodeName must be set to a node name (a DNS subdomain)")
+    # This plugin's pools are node-local: nodeName is the slice's only node choice (an
+    # explicit allNodes: false or an empty selector is not "unset" to the server).
+    for other in ("nodeSelector", "allNodes", "perDeviceNodeSelection"):
+        if spec.get(other) is not None:
+            fail(f"spec.{other} must be unset: the slice's node is spec.nodeName")
     pool = spec.get("pool") or {}
     pool_name = str(pool.get("name", ""))
     if (
@@ -171,6 +179,12 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
             fail(f"attribute {key!r} is {len(str(value))} characters, limit {MAX_STRING}", name)
         if kinds[0] == "version" and not is_semver(str(value)):
             fail(f"attribute {key!r} version {value!r} is not strict semver", name)
+    for key in ("nodeName", "nodeSelector", "allNodes"):
+        if dev.get(key) is not None:
+            fail(f"{key} on a device needs perDeviceNodeSelection in the slice", name)
+    problem = binding_conditions_problem(dev)
+    if problem:
+        fail(problem, name)
     shared = dev.get("allowMultipleAllocations") is True
     for key, cap in caps.items():
         problem = _qualified_name_problem(key)
@@ -210,6 +224,24 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
             fail(f"taint effect {taint.get('effect')!r} is not one of {TAINT_EFFECTS}", name)
 
 
+def binding_conditions_problem(dev: Obj) -> str | None:
+    """What the server refuses in a device's binding conditions, or None."""
+    conds = list(dev.get("bindingConditions") or [])
+    fails = list(dev.get("bindingFailureConditions") or [])
+    for key, items in (("bindingConditions", conds), ("bindingFailureConditions", fails)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            return f"{len(items)} {key}, limit {MAX_BINDING_CONDITIONS}"
+        if not all(isinstance(c, str) and _label_name_ok(c) for c in items):
+            return f"{key} must be label names"
+        if len(set(items)) != len(items):
+            return f"{key} must be unique"
+    if set(conds) & set(fails):
+        return "bindingFailureConditions must not overlap with bindingConditions"
+    if bool(conds) != bool(fails):
+        return "bindingConditions and bindingFailureConditions are set together or not at all"
+    return None
+
+
 def _q(value: object) -> Decimal:
     return parse_quantity(str(value))
 
@@ -227,6 +259,8 @@ def request_policy_problem(capacity: Decimal, policy: Obj) -> str | None:
                 return "default is required with validValues"
             if len(values) > MAX_VALID_VALUES or values != sorted(values):
                 return f"validValues must be sorted and at most {MAX_VALID_VALUES}"
+            if len(set(values)) != len(values):  # "1" and "1000m" are one value
+                return "validValues must be unique"
             if max(values) > capacity or default not in values:
                 return "validValues exceed the capacity or miss the default"
         if rng is not None:
@@ -240,6 +274,8 @@ def request_policy_problem(capacity: Decimal, policy: Obj) -> str | None:
                 return "max must be within min..capacity and >= default"
             if rng.get("step") is not None:
                 step = _q(rng["step"])
+                if step <= 0:
+                    return "step must be greater than zero"
                 if low + step > capacity:
                     return "one step above min exceeds the capacity"
                 for v in (default, high):
