@@ -175,20 +175,23 @@ def first_available(name: str, *subrequests: Obj) -> Obj:
     return {"name": name, "firstAvailable": [with_defaults(s) for s in subrequests]}
 
 
-def pod(name: str, claims: Mapping[str, str], *, namespace: str = "default") -> Obj:
-    """A pod with one container using each claim (pod claim name -> ResourceClaim name)."""
+def pod(
+    name: str,
+    claims: Mapping[str, str],
+    *,
+    namespace: str = "default",
+    requests: Mapping[str, str] | None = None,
+) -> Obj:
+    """A pod with one container using each claim (pod claim name -> ResourceClaim name);
+    `requests` narrows a pod claim to one of its requests (pod claim name -> request)."""
+    requests = requests or {}
+    uses = [{"name": c, **({"request": requests[c]} if c in requests else {})} for c in claims]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"claims": [{"name": c} for c in claims]},
-                }
-            ],
+            "containers": [{"name": "main", "image": "busybox", "resources": {"claims": uses}}],
             "resourceClaims": [{"name": c, "resourceClaimName": rc} for c, rc in claims.items()],
         },
     }

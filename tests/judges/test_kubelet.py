@@ -20,7 +20,15 @@ import pytest
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
 from tests.fakes.simnode import unavailable_reason
 from tests.judges import build
-from tests.judges.allocator import PodRef, allocate, claim, device_class, exactly, pod
+from tests.judges.allocator import (
+    PodRef,
+    allocate,
+    claim,
+    device_class,
+    exactly,
+    first_available,
+    pod,
+)
 from tests.judges.apiclient import ApiClient
 from tests.judges.kubelet import KubeletError, KubeletJudge, health_of
 
@@ -81,12 +89,16 @@ class Node:
     def wipes(self) -> int:
         return self.cluster.api.requests[WIPE]
 
-    def pod_with_claims(self, name: str, requests: dict[str, dict[str, Any]]) -> str:
+    def pod_with_claims(
+        self, name: str, requests: dict[str, dict[str, Any]], *, by_request: bool = False
+    ) -> str:
         """A pod using one new claim per request (claim name -> request), allocated by
-        the scheduler's allocator and reserved for the pod: "default/<name>"."""
+        the scheduler's allocator and reserved for the pod: "default/<name>". With
+        `by_request` its container names each claim's request, not the whole claim."""
         for claim_name, request in requests.items():
             self.api.create(CLAIMS, claim(claim_name, [request]))
-        obj = self.api.create(PODS, pod(name, {c: c for c in requests}))
+        named = {c: r["name"] for c, r in requests.items()} if by_request else None
+        obj = self.api.create(PODS, pod(name, {c: c for c in requests}, requests=named))
         ref = PodRef(name, obj["metadata"]["uid"])
         allocate(self.api, [("default", c) for c in requests], self.cluster.node, pod=ref)
         return f"default/{name}"
@@ -154,6 +166,36 @@ def test_registration_wipe_at_start_and_a_pods_claims_prepared_and_unprepared(
         assert not {f for f in specs(cluster) if "-claim_" in f}
         assert daemon.terminate() == 0
         node.kubelet.wait_event(lambda e: e.get("event") == "deregistered", what="deregistration")
+    finally:
+        node.close()
+
+
+def test_a_subrequests_devices_reach_the_container_that_names_the_request(
+    cluster: Cluster, judges: build.Built
+) -> None:
+    """A prioritized list allocates `gpu/one`; the container asks for `gpu`: the kubelet
+    hands it the device only if the plugin answers with the request's own name."""
+    start_daemon(cluster, {"VENDORS": "nvidia"})
+    node = Node(cluster, judges)
+    try:
+        node.ready(NVIDIA)
+        too_big = f'device.capacity["{NVIDIA}"].memory.compareTo(quantity("100Ti")) >= 0'
+        request = first_available(
+            "gpu",
+            {
+                "name": "huge",
+                "deviceClassName": NVIDIA,
+                "selectors": [{"cel": {"expression": too_big}}],
+            },
+            {"name": "one", "deviceClassName": NVIDIA},
+        )
+        ref = node.pod_with_claims("app", {"pl": request}, by_request=True)
+        (res,) = node.api.get(f"{CLAIMS}/pl")["status"]["allocation"]["devices"]["results"]
+        assert res["request"] == "gpu/one"
+        uid = node.api.get(f"{CLAIMS}/pl")["metadata"]["uid"]
+        cdi = node.kubelet.prepare(ref)
+        assert f"k8s.{NVIDIA}/claim={uid}-{res['device']}" in cdi["main"], cdi
+        node.kubelet.unprepare(ref)
     finally:
         node.close()
 
