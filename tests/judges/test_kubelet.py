@@ -13,24 +13,16 @@ import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
 from tests.fakes.simnode import unavailable_reason
 from tests.judges import build
-from tests.judges.allocator import (
-    PodRef,
-    allocate,
-    claim,
-    device_class,
-    exactly,
-    first_available,
-    pod,
-)
+from tests.judges.allocator import allocate, claim, device_class, exactly, first_available, pod
 from tests.judges.apiclient import ApiClient
-from tests.judges.kubelet import KubeletError, KubeletJudge, health_of
+from tests.judges.judged_node import CLAIMS, PODS, RESOURCE, JudgedNode, claim_specs
+from tests.judges.kubelet import KubeletError, health_of
 
 pytestmark = [
     pytest.mark.slow,
@@ -39,11 +31,6 @@ pytestmark = [
         unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
     ),
 ]
-
-RESOURCE = "/apis/resource.k8s.io/v1"
-CLAIMS = f"{RESOURCE}/namespaces/default/resourceclaims"
-PODS = "/api/v1/namespaces/default/pods"
-WIPE = ("deletecollection", "resourceslices")
 
 
 @pytest.fixture(scope="module")
@@ -61,56 +48,6 @@ def cluster(tmp_path: Path, judges: build.Built) -> Iterator[Cluster]:
     c.close()
 
 
-class Node:
-    """The cluster, its kubelet judge and an API client, for one test."""
-
-    def __init__(self, cluster: Cluster, judges: build.Built, **kubelet: Any) -> None:
-        self.cluster = cluster
-        self.api = ApiClient.from_kubeconfig(cluster.kubeconfig)
-        self.kubelet = KubeletJudge.start(
-            judges.binary("kubelet"),
-            kubeconfig=cluster.kubeconfig,
-            node=cluster.node,
-            registry=cluster.registry,
-            state_dir=cluster.tmp / "kubelet",
-            log=cluster.tmp / "kubelet.log",
-            content_type="application/json",  # the fake API server speaks only JSON
-            **kubelet,
-        )
-
-    def ready(self, *drivers: str) -> None:
-        """Registered, the start-up wipe done and the drivers' slices published again."""
-        for driver in drivers:
-            self.kubelet.wait_registered(driver)
-        self.cluster.wait_for("the kubelet's start-up wipe", lambda: self.wipes() >= 1)
-        for driver in drivers:
-            self.cluster.wait_for(f"{driver} slices", lambda d=driver: self.cluster.published(d))
-
-    def wipes(self) -> int:
-        return self.cluster.api.requests[WIPE]
-
-    def pod_with_claims(
-        self, name: str, requests: dict[str, dict[str, Any]], *, by_request: bool = False
-    ) -> str:
-        """A pod using one new claim per request (claim name -> request), allocated by
-        the scheduler's allocator and reserved for the pod: "default/<name>". With
-        `by_request` its container names each claim's request, not the whole claim."""
-        for claim_name, request in requests.items():
-            self.api.create(CLAIMS, claim(claim_name, [request]))
-        named = {c: r["name"] for c, r in requests.items()} if by_request else None
-        obj = self.api.create(PODS, pod(name, {c: c for c in requests}, requests=named))
-        ref = PodRef(name, obj["metadata"]["uid"])
-        allocate(self.api, [("default", c) for c in requests], self.cluster.node, pod=ref)
-        return f"default/{name}"
-
-    def close(self) -> None:
-        self.kubelet.stop()
-
-
-def specs(cluster: Cluster) -> set[str]:
-    return {p.name for p in cluster.cdi.glob("*.json")} if cluster.cdi.exists() else set()
-
-
 def start_daemon(cluster: Cluster, env: dict[str, str], pod_uid: str = "") -> Daemon:
     daemon = cluster.start_daemon(env=env, pod_uid=pod_uid)
     vendors = env["VENDORS"].split(",")
@@ -124,7 +61,7 @@ def test_registration_wipe_at_start_and_a_pods_claims_prepared_and_unprepared(
     daemon = start_daemon(cluster, {"VENDORS": "intel,nvidia"})
     cluster.wait_for("slices", lambda: cluster.published(INTEL) and cluster.published(NVIDIA))
     before = {s["metadata"]["name"] for s in cluster.slices()}
-    node = Node(cluster, judges)
+    node = JudgedNode(cluster, judges)
     try:
         node.kubelet.wait_registered(INTEL)
         node.kubelet.wait_registered(NVIDIA)
@@ -159,11 +96,11 @@ def test_registration_wipe_at_start_and_a_pods_claims_prepared_and_unprepared(
         assert {
             f"k8s.{d}-claim_{uids[n]}.json"
             for n, d in [("igpu", INTEL), ("dgpu", INTEL), ("cuda", NVIDIA)]
-        } <= specs(cluster)
+        } <= claim_specs(cluster)
         # A second prepare of the same pod is the kubelet's (its cache), same answer.
         assert node.kubelet.prepare(ref) == cdi
         node.kubelet.unprepare(ref)
-        assert not {f for f in specs(cluster) if "-claim_" in f}
+        assert not claim_specs(cluster)
         assert daemon.terminate() == 0
         node.kubelet.wait_event(lambda e: e.get("event") == "deregistered", what="deregistration")
     finally:
@@ -176,7 +113,7 @@ def test_a_subrequests_devices_reach_the_container_that_names_the_request(
     """A prioritized list allocates `gpu/one`; the container asks for `gpu`: the kubelet
     hands it the device only if the plugin answers with the request's own name."""
     start_daemon(cluster, {"VENDORS": "nvidia"})
-    node = Node(cluster, judges)
+    node = JudgedNode(cluster, judges)
     try:
         node.ready(NVIDIA)
         too_big = f'device.capacity["{NVIDIA}"].memory.compareTo(quantity("100Ti")) >= 0'
@@ -204,7 +141,7 @@ def test_a_pod_whose_claim_is_not_reserved_for_it_is_refused_by_the_kubelet(
     cluster: Cluster, judges: build.Built
 ) -> None:
     start_daemon(cluster, {"VENDORS": "intel"})
-    node = Node(cluster, judges)
+    node = JudgedNode(cluster, judges)
     try:
         node.ready(INTEL)
         node.api.create(CLAIMS, claim("mine", [exactly("gpu", INTEL)]))
@@ -212,7 +149,7 @@ def test_a_pod_whose_claim_is_not_reserved_for_it_is_refused_by_the_kubelet(
         allocate(node.api, [("default", "mine")], cluster.node)  # reserved for nobody
         with pytest.raises(KubeletError, match="not allowed to use ResourceClaim mine"):
             node.kubelet.prepare("default/other")
-        assert not specs(cluster)
+        assert not claim_specs(cluster)
     finally:
         node.close()
 
@@ -220,7 +157,7 @@ def test_a_pod_whose_claim_is_not_reserved_for_it_is_refused_by_the_kubelet(
 def test_kill_9_then_restart_under_the_kubelet(cluster: Cluster, judges: build.Built) -> None:
     env = {"VENDORS": "intel"}
     daemon = start_daemon(cluster, env)
-    node = Node(cluster, judges, wiping_delay=2)
+    node = JudgedNode(cluster, judges, wiping_delay=2)
     try:
         node.ready(INTEL)
         ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)})
@@ -239,7 +176,7 @@ def test_kill_9_then_restart_under_the_kubelet(cluster: Cluster, judges: build.B
         cluster.wait_for("slices back", lambda: cluster.published(INTEL))
         # The restarted plugin finds the claim prepared before the kill in its record.
         node.kubelet.unprepare(ref)
-        assert not {f for f in specs(cluster) if "-claim_" in f}
+        assert not claim_specs(cluster)
         assert restarted.terminate() == 0
     finally:
         node.close()
@@ -248,7 +185,7 @@ def test_kill_9_then_restart_under_the_kubelet(cluster: Cluster, judges: build.B
 def test_rolling_update_two_plugins_side_by_side(cluster: Cluster, judges: build.Built) -> None:
     env = {"VENDORS": "intel"}
     old = start_daemon(cluster, env, pod_uid=str(uuid.uuid4()))
-    node = Node(cluster, judges, wiping_delay=1)
+    node = JudgedNode(cluster, judges, wiping_delay=1)
     try:
         node.ready(INTEL)
         ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)})
@@ -269,7 +206,7 @@ def test_rolling_update_two_plugins_side_by_side(cluster: Cluster, judges: build
         assert node.kubelet.registered(INTEL) == 1
         # The new plugin serves the claim the old one prepared, and a new pod.
         node.kubelet.unprepare(ref)
-        assert not {f for f in specs(cluster) if "-claim_" in f}
+        assert not claim_specs(cluster)
         ref2 = node.pod_with_claims("app2", {"gpu2": exactly("gpu", INTEL)})
         assert node.kubelet.prepare(ref2)["main"]
         node.kubelet.unprepare(ref2)
@@ -286,7 +223,7 @@ def test_health_followed_unknown_across_a_restart_and_back(
 ) -> None:
     env = {"VENDORS": "nvidia"}
     daemon = start_daemon(cluster, env)
-    node = Node(cluster, judges)
+    node = JudgedNode(cluster, judges)
     try:
         node.ready(NVIDIA)
         count = len(cluster.published(NVIDIA))
@@ -336,7 +273,7 @@ def test_no_health_stream_where_the_gate_is_off(cluster: Cluster, judges: build.
     """A 1.34/1.35 kubelet (ResourceHealthStatus off) never opens the stream."""
     daemon = start_daemon(cluster, {"VENDORS": "nvidia"})
     gates = "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"
-    node = Node(cluster, judges, feature_gates=gates)
+    node = JudgedNode(cluster, judges, feature_gates=gates)
     try:
         node.ready(NVIDIA)
         ref = node.pod_with_claims("app", {"one": exactly("gpu", NVIDIA)})
