@@ -145,6 +145,45 @@ def test_intel_shares_by_consumable_capacity(igpu_node: Cluster) -> None:
     assert daemon.terminate() == 0
 
 
+def test_nvidia_shares_book_memory_by_consumable_capacity(cluster: Cluster) -> None:
+    env = {
+        "VENDORS": "nvidia",
+        "NVIDIA_SHARING": "shared",
+        "NVIDIA_SHARES": "4",
+        "NVIDIA_SHARED_MEMORY": "true",
+    }
+    daemon, plugin, api = up(cluster, NVIDIA, env)
+    gpus = cluster.published(NVIDIA)
+    assert len(gpus) == 2
+    total = {
+        d["name"]: int(d["capacity"]["memory"]["value"])
+        for s in cluster.slices(NVIDIA)
+        for d in s["spec"]["devices"]
+    }
+    big = min(total.values()) * 2 // 3 // 2**20 * 2**20  # two of these never fit on one GPU
+    held: dict[str, str] = {}
+    for name in ("big0", "big1"):
+        ref = new_claim(
+            api, name, exactly("gpu", NVIDIA, capacity={"requests": {"memory": str(big)}})
+        )
+        (res,) = results(allocate(api, [("default", name)], cluster.node), name)
+        assert res["consumedCapacity"]["memory"] in (str(big), f"{big // 2**20}Mi")
+        (dev,) = prepared(plugin, ref)
+        assert dev.share_id == res["shareID"]
+        held[name] = res["device"]
+    assert sorted(held.values()) == gpus  # the second could not share the first's GPU
+    new_claim(api, "big2", exactly("gpu", NVIDIA, capacity={"requests": {"memory": str(big)}}))
+    with pytest.raises(AllocationFailed):
+        allocate(api, [("default", "big2")], cluster.node)
+    # A share that asks for no memory books the default (a quarter), which still fits.
+    ref = new_claim(api, "small", exactly("gpu", NVIDIA))
+    (res,) = results(allocate(api, [("default", "small")], cluster.node), "small")
+    assert res["consumedCapacity"]["shares"] == "1"
+    (dev,) = prepared(plugin, ref)
+    assert dev.share_id == res["shareID"]
+    assert daemon.terminate() == 0
+
+
 def test_prioritized_list_takes_the_first_subrequest_that_fits(cluster: Cluster) -> None:
     daemon, plugin, api = up(cluster, NVIDIA, {"VENDORS": "nvidia"})
     names = cluster.published(NVIDIA)
