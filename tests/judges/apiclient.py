@@ -30,10 +30,13 @@ class ApiError(RuntimeError):
         self.body = body
 
 
-def _file(data: str | None, path: str | None, folder: Path, name: str) -> str | None:
-    """A kubeconfig's `*-data` (base64) or file path, as a file path."""
+def _file(data: str | None, path: str | None, folder: list[Path], name: str) -> str | None:
+    """A kubeconfig's `*-data` (base64) or file path, as a file path (`folder`: the one
+    temporary folder for the data, made on first need)."""
     if data:
-        out = folder / name
+        if not folder:
+            folder.append(Path(tempfile.mkdtemp(prefix="judges-kubeconfig-")))
+        out = folder[0] / name
         out.write_bytes(base64.b64decode(data))
         return str(out)
     return path
@@ -68,7 +71,7 @@ class ApiClient:
         ctx = next(c["context"] for c in config["contexts"] if c["name"] == current)
         cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == ctx["cluster"])
         user = next(u["user"] for u in config["users"] if u["name"] == ctx["user"])
-        folder = Path(tempfile.mkdtemp(prefix="judges-kubeconfig-"))
+        folder: list[Path] = []
         return cls(
             cluster["server"],
             token=user.get("token"),

@@ -28,6 +28,8 @@ class JudgedNode:
     server) with the kubelet judge playing its kubelet and an API client, for one test."""
 
     def __init__(self, cluster: Cluster, judges: build.Built, **kubelet: Any) -> None:
+        # The fake API server speaks only JSON; a real one takes the kubelet's protobuf.
+        kubelet.setdefault("content_type", "application/json")
         self.cluster = cluster
         self.api = ApiClient.from_kubeconfig(cluster.kubeconfig)
         self.kubelet = KubeletJudge.start(
@@ -37,7 +39,6 @@ class JudgedNode:
             registry=cluster.registry,
             state_dir=cluster.tmp / "kubelet",
             log=cluster.tmp / "kubelet.log",
-            content_type="application/json",  # the fake API server speaks only JSON
             **kubelet,
         )
 
