@@ -233,6 +233,8 @@ def test_health_followed_unknown_across_a_restart_and_back(
         # knows the health it would write into the pod's status.
         healthy = health_of(node.kubelet.health(ref))
         assert list(healthy.values()) == ["Healthy"] * count
+        # A 1.37 kubelet takes the v1 health service the plugin offers.
+        assert f"kubelet opened health stream driver={NVIDIA} version=v1" in daemon.logs()
         with cluster.nvml_events.open("a") as f:
             f.write("lost 1\n")
         sick = node.kubelet.wait_event(
@@ -280,6 +282,7 @@ def test_no_health_stream_where_the_gate_is_off(cluster: Cluster, judges: build.
         node.kubelet.prepare(ref)
         assert set(health_of(node.kubelet.health(ref)).values()) == {"Unknown"}
         assert not [e for e in node.kubelet.events if e.get("event") == "health"]
+        assert "opened health stream" not in daemon.logs()
         node.kubelet.unprepare(ref)
         assert daemon.terminate() == 0
     finally:
