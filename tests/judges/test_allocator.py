@@ -138,10 +138,12 @@ def test_intel_shares_by_consumable_capacity(igpu_node: Cluster) -> None:
     new_claim(api, "s2", exactly("gpu", INTEL, selectors=select_igpu))
     with pytest.raises(AllocationFailed):
         allocate(api, [("default", "s2")], cluster.node)
-    # Without the consumable-capacity feature the scheduler sees no share to give.
+    # A scheduler without DRAConsumableCapacity counts every share as the whole device
+    # (GatherAllocatedState): the iGPU is taken.
     new_claim(api, "old", exactly("gpu", INTEL, selectors=select_igpu))
-    with pytest.raises(AllocationFailed):
+    with pytest.raises(AllocationFailed) as err:
         allocate(api, [("default", "old")], cluster.node, features=FEATURES_1_35)
+    assert err.value.unschedulable
     assert daemon.terminate() == 0
 
 
