@@ -43,7 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes import claim_status_rules, slice_strategy
+from tests.fakes import apiserver_objects, claim_status_rules, slice_strategy
 
 Obj = dict[str, Any]
 GROUP = "resource.k8s.io"
@@ -779,6 +779,7 @@ class FakeAPIServer:
         self.connections = 0  # accepted, for keep-alive tests
         # TLS: (certificate file, key file) to serve HTTPS with.
         self.tls: tuple[str, str] | None = None
+        self.objects = apiserver_objects.Objects()  # pods, device classes (the judges')
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -1512,6 +1513,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route(self, method: str, path: str, query: dict[str, str], body: Obj) -> tuple[int, Obj]:
         st = self.server_state
+        if (served := apiserver_objects.route(st, method, path, query, body)) is not None:
+            return served
         if m := _SLICES_RE.match(path):
             version, name = m.group(1), m.group(2)
             self._served(version)

@@ -18,6 +18,9 @@ from tests.fakes.apiserver import validate_slice
 from tests.fakes.cluster import INTEL, NVIDIA, ROOT, Cluster, allocated_claim
 from tests.fakes.kubelet import Claim
 from tests.fakes.simnode import CARDS, unavailable_reason
+from tests.judges import build
+from tests.judges.allocator import device_class, first_available
+from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -208,32 +211,31 @@ def test_discover_on_an_empty_node_says_why(tmp_path: Path, output: str) -> None
         c.close()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # may build the judges (tests/judges)
 def test_prioritized_list_subrequest_is_returned_as_its_request(cluster: Cluster) -> None:
-    # spec.devices.requests[].firstAvailable: the scheduler picked subrequest "arc" of
-    # request "gpu" and wrote "gpu/arc" into the result; pods refer to "gpu".
+    # spec.devices.requests[].firstAvailable: the scheduler's allocator picks subrequest
+    # "arc" of request "gpu" and writes "gpu/arc" into the result; the pod's container
+    # names "gpu", and the kubelet hands it the device only under that name.
     daemon = cluster.start_daemon(env={"VENDORS": "intel"})
     daemon.wait_ready([INTEL])
-    kubelet = cluster.kubelet()
-    plugin = kubelet.wait_for(INTEL)
-    cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
-    obj = allocated_claim(
-        "prioritized",
-        [{"request": "gpu/arc", "driver": INTEL, "pool": cluster.node, "device": IGPU}],
-    )
-    obj["spec"]["devices"]["requests"] = [
-        {
-            "name": "gpu",
-            "firstAvailable": [
-                {"name": "arc", "deviceClassName": INTEL},
-                {"name": "any", "deviceClassName": NVIDIA},
-            ],
-        }
-    ]
-    stored = cluster.api.add_claim(obj)
-    ref = Claim("default", stored["metadata"]["uid"], "prioritized")
-    got = plugin.prepare([ref]).claims[ref.uid]
-    assert got.error == ""
-    assert [(d.device_name, list(d.request_names)) for d in got.devices] == [(IGPU, ["gpu"])]
-    assert plugin.unprepare([ref]).claims[ref.uid].error == ""
-    kubelet.close()
-    assert daemon.terminate() == 0
+    node = JudgedNode(cluster, build.build())
+    try:
+        node.ready(INTEL)
+        for driver in (INTEL, NVIDIA):
+            node.api.create(f"{RESOURCE}/deviceclasses", device_class(driver, driver))
+        request = first_available(
+            "gpu",
+            {"name": "arc", "deviceClassName": INTEL},
+            {"name": "any", "deviceClassName": NVIDIA},
+        )
+        pod = node.pod_with_claims("app", {"prioritized": request}, by_request=True)
+        stored = node.api.get(f"{CLAIMS}/prioritized")
+        (res,) = stored["status"]["allocation"]["devices"]["results"]
+        assert (res["request"], res["device"]) == ("gpu/arc", IGPU)
+        cdi = node.kubelet.prepare(pod)
+        assert f"k8s.{INTEL}/claim={stored['metadata']['uid']}-{IGPU}" in cdi["main"], cdi
+        node.kubelet.unprepare(pod)
+        assert daemon.terminate() == 0
+    finally:
+        node.close()

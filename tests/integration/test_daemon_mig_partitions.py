@@ -1,6 +1,7 @@
 """MIG made on demand through the real daemon: NVIDIA_MIG_PARTITIONS publishes the counter
-set and the placement devices to a faithful API server, a kubelet prepare makes the
-instance and unprepare destroys it; where the API server drops the counters
+set and the placement devices to a faithful API server, the scheduler's allocator picks
+placements by those counters and the kubelet's DRA code prepares them (the instance is
+made) and unprepares them (destroyed); where the API server drops the counters
 (DRAPartitionableDevices off) the daemon says so once and publishes no placement."""
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import pytest
 from dra_plugin.vendors.nvidia.ondemand import BOOK
 from tests.fakes.cluster import NVIDIA, Cluster
 from tests.fakes.migworld import stand_in_env
+from tests.judges import build
+from tests.judges.allocator import device_class, exactly
+from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode
 
 PROFILE = "a100-40gb-mig-empty"
 PLACEMENT = "gpu-0-mig-3g20gb-9-4"
@@ -45,38 +49,67 @@ def instances(cluster: Cluster) -> list[str]:
     return [ln for ln in lines if ln.startswith("gi ")]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # may build the judges (tests/judges)
 def test_counters_published_and_instance_made_and_destroyed_by_kubelet_calls(
     cluster: Cluster,
 ) -> None:
+    """The whole path: the scheduler's allocator picks a placement by the published
+    counters, the kubelet's DRA code prepares the pod (the instance is made) and
+    unprepares it (destroyed)."""
     daemon = cluster.start_daemon(env=env(cluster))
     daemon.wait_ready([NVIDIA])
-    cluster.wait_for("placements published", lambda: PLACEMENT in cluster.published(NVIDIA))
-    slices = cluster.slices(NVIDIA)
-    sets = [cs for s in slices for cs in s["spec"].get("sharedCounters") or []]
-    assert [cs["name"] for cs in sets] == ["gpu-0-counter-set"]
-    assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
-    devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
-    placed = devices[PLACEMENT]
-    (use,) = placed["consumesCounters"]
-    assert use["counterSet"] == "gpu-0-counter-set"
-    assert sorted(use["counters"]) == [f"memory-slice-{i}" for i in range(4, 8)]
-    assert placed["attributes"]["type"] == {"string": "mig"}
-    assert "uuid" not in placed["attributes"]  # the instance does not exist yet
-    assert instances(cluster) == []
+    node = JudgedNode(cluster, build.build())
+    try:
+        node.ready(NVIDIA)
+        cluster.wait_for("placements published", lambda: PLACEMENT in cluster.published(NVIDIA))
+        slices = cluster.slices(NVIDIA)
+        sets = [cs for s in slices for cs in s["spec"].get("sharedCounters") or []]
+        assert [cs["name"] for cs in sets] == ["gpu-0-counter-set"]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {len(slices)}
+        devices = {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+        placed = devices[PLACEMENT]
+        (use,) = placed["consumesCounters"]
+        assert use["counterSet"] == "gpu-0-counter-set"
+        assert sorted(use["counters"]) == [f"memory-slice-{i}" for i in range(4, 8)]
+        assert placed["attributes"]["type"] == {"string": "mig"}
+        assert "uuid" not in placed["attributes"]  # the instance does not exist yet
+        assert instances(cluster) == []
 
-    claim = cluster.add_claim("mig", NVIDIA, PLACEMENT)
-    plugin = cluster.kubelet().wait_for(NVIDIA)
-    assert plugin.prepare([claim]).claims[claim.uid].error == ""
-    (made,) = instances(cluster)
-    assert made.split()[4:6] == ["4", "4"]  # start 4, size 4
-    spec = next(cluster.cdi.glob("*.json")).read_text()
-    assert spec.count("/dev/nvidia-caps/nvidia-cap") == 2
-    assert (cluster.plugins / NVIDIA / BOOK).is_file()
-    # Published as before: the allocation already counts its slices.
-    assert cluster.published(NVIDIA) == sorted(devices)
-    assert plugin.unprepare([claim]).claims[claim.uid].error == ""
-    assert instances(cluster) == []
-    assert daemon.terminate() == 0
+        node.api.create(f"{RESOURCE}/deviceclasses", device_class(NVIDIA, NVIDIA))
+        three_g = f'device.attributes["{NVIDIA}"].profile == "3g.20gb"'
+        # Two 3g.20gb claims: the allocator must use both placements (starts 0 and 4).
+        pods = [
+            node.pod_with_claims(
+                f"app{i}",
+                {f"mig{i}": exactly("mig", NVIDIA, selectors=[{"cel": {"expression": three_g}}])},
+            )
+            for i in range(2)
+        ]
+        got = sorted(
+            node.api.get(f"{CLAIMS}/mig{i}")["status"]["allocation"]["devices"]["results"][0][
+                "device"
+            ]
+            for i in range(2)
+        )
+        assert got == ["gpu-0-mig-3g20gb-9-0", PLACEMENT]
+        for ref in pods:
+            assert node.kubelet.prepare(ref)["main"]
+        made = sorted(ln.split()[4:6] for ln in instances(cluster))
+        assert made == [["0", "4"], ["4", "4"]]  # (start, size) of each placement
+        assert all(
+            spec.read_text().count("/dev/nvidia-caps/nvidia-cap") == 2
+            for spec in cluster.cdi.glob("*-claim_*.json")
+        )
+        assert (cluster.plugins / NVIDIA / BOOK).is_file()
+        # Published as before: the allocation already counts its slices.
+        assert cluster.published(NVIDIA) == sorted(devices)
+        for ref in pods:
+            node.kubelet.unprepare(ref)
+        assert instances(cluster) == []
+        assert daemon.terminate() == 0
+    finally:
+        node.close()
 
 
 def test_gate_off_publishes_no_placement_and_says_so_once(cluster: Cluster) -> None:

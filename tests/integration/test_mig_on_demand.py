@@ -18,15 +18,25 @@ import pynvml
 import pytest
 
 from dra_plugin.devices import Health
+from dra_plugin.slices.build import desired_slices
 from dra_plugin.telemetry.catalogue import XID_ERRORS, Reading
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.nvml.library import session
 from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
-from tests.fakes.claim_harness import FakeApi, ref
-from tests.fakes.migworld import MigNode, placement_claim, set_env
+from tests.fakes.claim_harness import NODE, FakeApi, ref
+from tests.fakes.migworld import DRIVER, MigNode, placement_claim, set_env
 from tests.fakes.nvml_lib import FakeNvml, build_fake_nvml
 from tests.fakes.waits import wait_for
+from tests.judges import build
+from tests.judges.allocator import (
+    FEATURES_1_37,
+    AllocationFailed,
+    claim,
+    device_class,
+    exactly,
+    run_allocator,
+)
 
 PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
 
@@ -304,43 +314,69 @@ def test_a_book_damaged_while_running_is_said_and_what_was_known_stays(
     assert live(fake) == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # may build the judges (tests/judges)
 @pytest.mark.parametrize("world", ["a100-40gb-mig-empty", "h200-mig-empty"], indirect=True)
 def test_a_scheduler_allocating_by_the_published_counters_is_never_refused_by_the_node(
     world: tuple[MigNode, FakeApi], fake: FakeNvml
 ) -> None:
-    """The whole path: whatever a scheduler allocates from the devices as published (their
-    consumesCounters within the counter sets) the node makes, every time, over 150 random
-    prepares and unprepares (the converse, that the counters refuse only what the GPU
-    refuses, is test_mig_partitions')."""
+    """The whole path: whatever the scheduler's own allocator (tests/judges, judge 2)
+    allocates from the slices the plugin builds for these devices (their consumesCounters
+    within the counter sets) the node makes, every time, over 150 random prepares and
+    unprepares of random profiles (the converse, that the counters refuse only what the
+    GPU refuses, is test_mig_partitions')."""
     node, api = world
     rng = random.Random(29)
-    held: dict[str, dict[str, Any]] = {}  # device -> its claim
+    binary = str(build.build().binary("allocate"))
+    node_obj = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "n-1"}}
+    classes = [device_class(DRIVER, DRIVER)]
+    profiles = sorted({dict(node.devices[n].attributes)["profile"] for n in placements(node)})
+    held: dict[str, dict[str, Any]] = {}  # claim uid -> the claim, allocated
+    refused = 0
     for step in range(150):
         if held and rng.random() < 0.4:
-            name = rng.choice(sorted(held))
-            assert unprepare(node, held.pop(name)) == ""
+            obj = held.pop(rng.choice(sorted(held)))
+            assert unprepare(node, obj) == ""
             continue
-        used: dict[tuple[str, str], int] = {}
-        for name in held:
-            for cs, counters in node.devices[name].consumes:
-                for counter, n in counters:
-                    used[(cs.name, counter)] = used.get((cs.name, counter), 0) + n
-
-        def fits(name: str, used: dict[tuple[str, str], int] = used) -> bool:
-            for cs, counters in node.devices[name].consumes:
-                total = dict(cs.counters)
-                for counter, n in counters:
-                    if used.get((cs.name, counter), 0) + n > total[counter]:
-                        return False
-            return True
-
-        free = [n for n in placements(node) if n not in held and fits(n)]
-        if not free:
+        profile = rng.choice(profiles)
+        want = claim(
+            f"c{step}",
+            [
+                exactly(
+                    "mig",
+                    DRIVER,
+                    selectors=[
+                        {
+                            "cel": {
+                                "expression": (
+                                    f'device.attributes["{DRIVER}"].profile == "{profile}"'
+                                )
+                            }
+                        }
+                    ],
+                )
+            ],
+        )
+        want["metadata"]["uid"] = f"{step:08x}-0000-4000-8000-000000000000"
+        world_in = {
+            "features": dict(FEATURES_1_37),
+            "node": node_obj,
+            "slices": desired_slices(NODE, "n-1", DRIVER, node.devices.values()),
+            "classes": classes,
+            "claims": [want],
+            "allocated": list(held.values()),
+        }
+        try:
+            results = run_allocator(world_in, binary)
+        except AllocationFailed as err:
+            assert err.unschedulable, err
+            refused += 1
             continue
-        name = rng.choice(free)
-        obj = placement_claim(1000 + step, name)
-        assert prepare(node, api, obj) == "", (step, name, sorted(held))
-        held[name] = obj
+        want["status"] = {"allocation": results[want["metadata"]["uid"]]}
+        (res,) = want["status"]["allocation"]["devices"]["results"]
+        assert prepare(node, api, want) == "", (step, res["device"], sorted(held))
+        held[want["metadata"]["uid"]] = want
+    assert refused and len(held) < 150  # the counters did run out along the way
     for obj in held.values():
         assert unprepare(node, obj) == ""
     gpus = {int(n.split("-")[1]) for n in placements(node)}

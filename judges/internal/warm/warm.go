@@ -6,4 +6,5 @@ import (
 	_ "k8s.io/dynamic-resource-allocation/structured"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	_ "k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 )
