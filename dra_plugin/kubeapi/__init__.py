@@ -38,7 +38,7 @@ from dra_plugin.kubeapi.errors import (
     NotFoundError,
     UnavailableError,
 )
-from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts
+from dra_plugin.kubeapi.transport import Backoff, ClientSettings, Obj, Timeouts
 from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent
 
 
@@ -53,6 +53,7 @@ __all__ = [
     "SLICES",
     "ApiError",
     "Backoff",
+    "ClientSettings",
     "ConflictError",
     "DiscoveryError",
     "ExpiredError",
