@@ -49,6 +49,7 @@ from dra_plugin.kubeapi.errors import (
     UnavailableError,
     translate,
 )
+from dra_plugin.kubeapi.settings import ClientSettings
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -95,14 +96,6 @@ def decode(what: str, data: bytes) -> Any:
         raise MalformedError(f"{what}: response is not JSON ({exc})") from None
     except RecursionError:
         raise MalformedError(f"{what}: response nests too deeply to decode") from None
-
-
-@dataclass(frozen=True)
-class ClientSettings:
-    """Where the client finds its credentials, built by the caller from its configuration
-    (config.py reads --kubeconfig and KUBECONFIG): this package reads no settings itself."""
-
-    kubeconfig: str = ""  # empty: the in-cluster service account, else ~/.kube/config
 
 
 @dataclass(frozen=True)
