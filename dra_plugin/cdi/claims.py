@@ -63,22 +63,26 @@ def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
     )
 
 
-# The claim's record beside its spec (checkpoint/specnote.py): `<spec name>.record`. Not
+# The claim's spec record beside its spec (checkpoint/specrecord.py): `<spec name>.record`. Not
 # inside the spec: CDI has a place for it only from 0.6.0 (annotations), which runtimes
 # still in use (podman 4, containerd 1.7.0) refuse. The CDI library reads only *.json and
 # *.yaml in its directories, so the record file is invisible to the runtime.
-NOTE_SUFFIX = ".record"
+RECORD_SUFFIX = ".record"
 
 
-def note_file_name(spec_file: str) -> str:
-    return spec_file.removesuffix(".json") + NOTE_SUFFIX
+def record_file_name(spec_file: str) -> str:
+    return spec_file.removesuffix(".json") + RECORD_SUFFIX
 
 
-def read_note(cdi_dir: Path, spec_file: str) -> str | None:
+# The name tests outside the record's own ones still use (test_claims, test_devicemetadata).
+note_file_name = record_file_name
+
+
+def read_record(cdi_dir: Path, spec_file: str) -> str | None:
     """The record written beside a spec (never read through a link); None if absent or
     unreadable."""
     try:
-        return read_regular(_path(cdi_dir, note_file_name(spec_file))).decode()
+        return read_regular(_path(cdi_dir, record_file_name(spec_file))).decode()
     except (OSError, UnicodeDecodeError):
         return None
 
@@ -134,7 +138,7 @@ class RenderedSpec:
     file_name: str
     spec: dict[str, Any]
     cdi_ids: dict[str, tuple[str, ...]]  # device name -> ids for the kubelet
-    note: str | None = None  # the claim's record, written beside the spec
+    record: str | None = None  # the claim's spec record, written beside the spec
 
 
 def _node(n: DeviceNode) -> dict[str, Any]:
@@ -154,10 +158,10 @@ def render_claim_spec(
     *,
     max_version: str,
     edits: ClaimEdits | None = None,
-    note: str | None = None,
+    record: str | None = None,
 ) -> RenderedSpec:
-    """The claim's spec and CDI ids (`edits` default: the devices' own nodes); `note`, the
-    claim's record, is written beside it. Raises CdiError naming the device or version
+    """The claim's spec and CDI ids (`edits` default: the devices' own nodes); `record`,
+    the claim's spec record, is written beside it. Raises CdiError naming the device or version
     problem."""
     edits = edits if edits is not None else device_node_edits(devices)
     file_name = spec_file_name(driver, claim_uid)
@@ -195,7 +199,7 @@ def render_claim_spec(
     errors = validate_spec(spec)
     if errors:
         raise CdiError(f"rendered CDI spec is invalid: {'; '.join(errors)}")
-    return RenderedSpec(file_name, spec, ids, note)
+    return RenderedSpec(file_name, spec, ids, record)
 
 
 # --- files ---------------------------------------------------------------------------
@@ -218,9 +222,9 @@ def write_rendered(cdi_dir: Path, rendered: RenderedSpec, *, durable: bool = Tru
     """Write a spec `render_claim_spec` made (and validated) atomically, its record first
     (so no spec of ours is without it); `durable=False` skips the file and directory
     fsyncs (atomic_write: a power loss may lose the files)."""
-    if rendered.note is not None:
-        note = _path(cdi_dir, note_file_name(rendered.file_name))
-        atomic_write(note, rendered.note.encode(), SPEC_MODE, durable=durable)
+    if rendered.record is not None:
+        path = _path(cdi_dir, record_file_name(rendered.file_name))
+        atomic_write(path, rendered.record.encode(), SPEC_MODE, durable=durable)
     return _write(cdi_dir, rendered.file_name, rendered.spec, durable=durable)
 
 
@@ -239,11 +243,11 @@ def remove_spec(cdi_dir: Path, file_name: str) -> bool:
     try:
         path.unlink()  # a link named like our file: the link goes, never its target
     except FileNotFoundError:
-        remove_any(_path(cdi_dir, note_file_name(file_name)))
+        remove_any(_path(cdi_dir, record_file_name(file_name)))
         return False
     except IsADirectoryError:
         remove_unexpected(path, "directory", "CDI spec file")
-    remove_any(_path(cdi_dir, note_file_name(file_name)))  # after the spec: never alone
+    remove_any(_path(cdi_dir, record_file_name(file_name)))  # after the spec: never alone
     sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
@@ -273,6 +277,21 @@ def list_spec_files(cdi_dir: Path, drivers: Iterable[str]) -> dict[str, dict[str
     return out
 
 
+def list_record_files(cdi_dir: Path, driver: str) -> dict[str, Path]:
+    """claim UID -> path of every record file of ours left without its spec."""
+    pattern = _file_pattern(driver, RECORD_SUFFIX)
+    try:
+        names = set(os.listdir(cdi_dir))
+    except FileNotFoundError:
+        return {}
+    out: dict[str, Path] = {}
+    for name in sorted(names):
+        m = pattern.match(name)
+        if m and spec_file_name(driver, m["uid"]) not in names:
+            out[m["uid"]] = cdi_dir / name
+    return out
+
+
 def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]:
     """Remove our spec files (and our leftover temp files) whose claim UID is not in keep."""
     keep = set(keep)
@@ -280,14 +299,14 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
     for uid, path in list_spec_files(cdi_dir, [driver])[driver].items():
         if uid not in keep and remove_spec(cdi_dir, path.name):
             removed.append(path)
-    notes = _file_pattern(driver, NOTE_SUFFIX)
+    records = _file_pattern(driver, RECORD_SUFFIX)
     prefix = f".k8s.{driver}-{CLAIM_CLASS}_"
     try:
         names = os.listdir(cdi_dir)  # once, for the records and the temp files
     except FileNotFoundError:
         names = []
     for name in names:
-        m = notes.match(name)
+        m = records.match(name)
         if m and m["uid"] not in keep and remove_any(cdi_dir / name):
             removed.append(cdi_dir / name)  # a record written just before a crash, alone
         elif name.startswith(prefix) and ".tmp" in name:
@@ -297,10 +316,10 @@ def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]
 
 
 def spec_problem(
-    cdi_dir: Path, driver: str, file_name: str, claim_uid: str, devices: set[str], note: str
+    cdi_dir: Path, driver: str, file_name: str, claim_uid: str, devices: set[str], record: str
 ) -> str:
     """'' when a claim's spec file is the one we wrote for it: a regular file (never read
-    through a link), JSON, injecting exactly `devices`, with `note` beside it; else what
+    through a link), JSON, injecting exactly `devices`, with `record` beside it; else what
     is wrong. Two small reads."""
     try:
         spec = json.loads(read_regular(_path(cdi_dir, file_name)))
@@ -316,6 +335,6 @@ def spec_problem(
         return "is not this driver's claim spec"
     if set(claimed_devices(spec, driver, claim_uid)) != devices:
         return "injects other devices than the claim holds"
-    if read_note(cdi_dir, file_name) != note:
+    if read_record(cdi_dir, file_name) != record:
         return "has no record beside it, or another than the checkpoint's"
     return ""

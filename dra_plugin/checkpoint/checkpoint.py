@@ -5,16 +5,14 @@ The format is in checkpoint.py (snapshot, records) and journal.py (journal lines
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.checkpoint import journal
+from dra_plugin.checkpoint import journal, recovery
 from dra_plugin.checkpoint.snapshot import (
     FILE_NAME,
     JOURNAL_NAME,
@@ -24,12 +22,19 @@ from dra_plugin.checkpoint.snapshot import (
     ClaimRecord,
     State,
     _claim_json,
-    _decode_claim,
     decode_snapshot,
     encode,
     read_boot_id,
 )
-from dra_plugin.host.files import NOT_A_FILE, FileLock, atomic_write, read_regular, sync_dir
+from dra_plugin.host.files import (
+    NOT_A_FILE,
+    FileIdentity,
+    FileLock,
+    atomic_write,
+    move_aside,
+    read_regular,
+    sync_dir,
+)
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -44,7 +49,7 @@ class Damaged(CheckpointError):
 
 
 COMPACT_BYTES = 256 * 1024
-_STALE = (-1, -1, -1)  # a snapshot identity no file has
+_STALE = FileIdentity(-1, -1, -1)  # a snapshot identity no file has
 
 
 @dataclass
@@ -78,31 +83,23 @@ class Checkpoint:
         self._clock = clock
         self.bytes_written = 0  # by this object, for benchmarks and tests
         self._state: State | None = None
-        self._snap: tuple[int, int, int] | None = None  # identity of the cached snapshot
+        self._snap: FileIdentity | None = None  # the cached snapshot's
         self._base = NO_SNAPSHOT  # checksum of the cached snapshot: the journal's base
         self._journal = journal.JournalFile(self.journal_path, driver)
         self.damage: str | None = None  # what damage this object found (the record rebuilt)
 
     # --- reading -----------------------------------------------------------------------
-    @staticmethod
-    def _stat(path: Path) -> tuple[int, int, int] | None:
-        try:
-            st = os.lstat(path)  # a link in its place is another file: damage, not followed
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
-
     def _refresh(self) -> State | None:
         """The cache brought up to date with the files (None: neither file exists).
 
         Raises Damaged when the files are not what this object last saw: the snapshot gone,
         or the journal it applied gone, replaced or shorter (two stats, no reading)."""
-        snap, jst = self._stat(self.path), self._stat(self.journal_path)
+        snap, jst = FileIdentity.of(self.path), FileIdentity.of(self.journal_path)
         try:
             if self._state is not None:
                 if snap == self._snap and self._journal.unchanged_or_grown(jst):
-                    if jst is not None and jst[2] > self._journal.end:  # another instance's
-                        apply_entries(self._state, self._journal.read(self._base))
+                    if jst is not None and jst.size > self._journal.end:  # another instance's
+                        journal.apply_entries(self._state, self._journal.read(self._base))
                     return self._state
                 self._check_same_files(snap, jst)
             self._state = None
@@ -111,11 +108,12 @@ class Checkpoint:
             if snap is not None:
                 state, base = decode_snapshot(read_regular(self.path), self.driver)
             self._snap, self._base = snap, base
-            bound = state.previous is not None
-            if bound and jst is None:
-                raise Damaged(JOURNAL_NAME, "missing", "missing, while checkpoint.json expects it")
-            if jst is not None:
-                apply_entries(state, self._journal.read(base, previous=state.previous, bound=bound))
+            if jst is None:
+                case = journal.binding(journal.Header.MISSING, state.previous is not None)
+                if case.damage:
+                    raise Damaged(JOURNAL_NAME, "missing", case.why)
+            else:
+                journal.apply_entries(state, self._journal.read(base, previous=state.previous))
         except journal.JournalError as exc:
             raise Damaged(JOURNAL_NAME, "corrupt", str(exc)) from None
         except OSError as exc:
@@ -127,9 +125,7 @@ class Checkpoint:
         self._state = state
         return state
 
-    def _check_same_files(
-        self, snap: tuple[int, int, int] | None, jst: tuple[int, int, int] | None
-    ) -> None:
+    def _check_same_files(self, snap: FileIdentity | None, jst: FileIdentity | None) -> None:
         """Damaged unless a change of the files is another instance's legitimate write."""
         if snap is None and self._snap not in (None, _STALE):
             raise Damaged(FILE_NAME, "missing", "deleted while the plugin runs")
@@ -137,10 +133,10 @@ class Checkpoint:
             return  # a new snapshot (another instance compacted), or no journal applied
         if jst is None:
             raise Damaged(JOURNAL_NAME, "missing", f"deleted (it had {self._journal.end} bytes)")
-        if jst[0] != self._journal.ino:
+        if jst.ino != self._journal.ino:
             raise Damaged(JOURNAL_NAME, "replaced", "replaced by another file")
         raise Damaged(
-            JOURNAL_NAME, "shorter", f"{jst[2]} bytes, {self._journal.end} were written to it"
+            JOURNAL_NAME, "shorter", f"{jst.size} bytes, {self._journal.end} were written to it"
         )
 
     def read(self) -> State | None:
@@ -178,9 +174,9 @@ class Checkpoint:
         complete up to the damage), what the files still say, and the CDI spec files (each
         has its claim's record beside it). The damaged files are kept aside as evidence."""
         known = dict(self._state.claims) if self._state is not None else {}
-        on_disk = self._salvage()
-        aside = self.move_aside()
         from_specs = rebuild()
+        on_disk = recovery.salvage(self.path, self.journal_path, self.driver, from_specs)
+        aside = self.move_aside()
         claims = {**from_specs, **on_disk, **known}
         file, reason = (
             (exc.file, exc.reason) if isinstance(exc, Damaged) else (FILE_NAME, "corrupt")
@@ -203,49 +199,36 @@ class Checkpoint:
         assert self._state is not None
         return Loaded(self._state, moved_aside=aside)
 
-    def _salvage(self) -> dict[str, ClaimRecord]:
-        """The claims the files on disk still hold, whatever their binding: the snapshot if
-        it decodes, plus its journal's entries if that continues it and parses."""
-        try:
-            state, base = decode_snapshot(read_regular(self.path), self.driver)
-        except (CheckpointError, OSError):
-            return {}
-        try:
-            data = read_regular(self.journal_path)
-            entries = journal.parse(data).entries
-            if entries and journal.check_header(entries[0], self.driver) == base:
-                apply_entries(state, entries[1:])
-        except (journal.JournalError, CheckpointError, OSError):
-            pass  # the snapshot alone
-        return dict(state.claims)
-
     def _rebuild_missing(self, rebuild: Callable[[], dict[str, ClaimRecord]]) -> Loaded:
-        """No snapshot: a fresh node, or a deleted record. Our spec files say what was
-        prepared, exactly where they carry their record (a journal left without its
-        snapshot adds what it knows); without any, the record starts empty."""
+        """No snapshot: a fresh node, or a deleted record. Our spec files and the records
+        beside them say what was prepared; a journal left without its snapshot (the
+        snapshot deleted: nothing else leaves one) is replayed on top, even when no spec
+        file is left (a CDI root on a tmpfs after a reboot), since it may be the only
+        evidence. With neither, the record starts empty."""
         state = State(self.boot_id, rebuild())
-        if not state.claims:
+        found = len(state.claims)
+        replayed = recovery.replay_orphan(state, self.journal_path, self.driver)
+        orphan = replayed is not None
+        if not found and not orphan:
             self._state = state
             return Loaded(state)
-        replayed = 0
-        try:
-            entries = journal.read_orphan(self.journal_path, self.driver)
-            apply_entries(state, entries)
-            replayed = len(entries)
-        except (journal.JournalError, CheckpointError, OSError) as exc:
-            log.warning("journal without its snapshot ignored path=%s: %s", self.journal_path, exc)
         state.boot_id = self.boot_id
+        # The journal is evidence: kept aside before the new snapshot's replaces it.
+        aside = move_aside([self.journal_path], self._clock())[0] if orphan else None
         log.error(
-            "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files "
-            "(%d journal entries replayed) instead of treating them as orphans",
+            "checkpoint missing path=%s; rebuilt %d claim(s) from the CDI spec files and the "
+            "records beside them (%d) and the journal left without its snapshot (%d entries "
+            "replayed, the journal kept as %s) instead of treating them as orphans",
             self.path,
             len(state.claims),
-            replayed,
+            found,
+            replayed or 0,
+            aside,
         )
         metrics.checkpoint_damage(self.driver, FILE_NAME, "missing")
         self.damage = f"{FILE_NAME}: missing"
         self.save(state)
-        return Loaded(state)
+        return Loaded(state, moved_aside=aside)
 
     # --- writing -----------------------------------------------------------------------
     def put(self, records: Iterable[ClaimRecord], *, durable: bool = True) -> None:
@@ -302,7 +285,7 @@ class Checkpoint:
             self._snap = _STALE  # what reached the disk is unknown: the next load re-reads
             raise
         change(state)  # before a compaction, which snapshots it
-        snapshot_size = self._snap[2] if self._snap else 0
+        snapshot_size = self._snap.size if self._snap else 0
         if durable and self._journal.end > max(COMPACT_BYTES, 2 * snapshot_size):
             try:
                 self.save(state)
@@ -319,24 +302,17 @@ class Checkpoint:
         if durable:
             sync_dir(self.path.parent)
         self._state = state  # stays the live state: a compaction happens mid-pass
-        self._snap, self._base = self._stat(self.path), decode_snapshot(data, self.driver)[1]
+        self._snap, self._base = FileIdentity.of(self.path), decode_snapshot(data, self.driver)[1]
         self._journal.reset()
         self.bytes_written += len(data) + self._journal.start(self._base)
 
     # --- housekeeping --------------------------------------------------------------------
     def move_aside(self) -> Path:
         """Move the snapshot and journal aside; returns where the snapshot went."""
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
-        suffix, n = f"corrupt-{stamp}", 1
-        while any(p.with_name(f"{p.name}.{suffix}").exists() for p in self._files()):
-            n += 1
-            suffix = f"corrupt-{stamp}-{n}"
-        for p in self._files():
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(p, p.with_name(f"{p.name}.{suffix}"))
+        aside = move_aside(self._files(), self._clock())
         self._state, self._snap, self._base = None, None, NO_SNAPSHOT
         self._journal.reset()
-        return self.path.with_name(f"{self.path.name}.{suffix}")
+        return aside[0]
 
     def _files(self) -> tuple[Path, Path]:
         return (self.path, self.journal_path)
@@ -346,18 +322,3 @@ class Checkpoint:
         for p in self._files():
             for leftover in p.parent.glob(f".{p.name}.tmp-*"):
                 leftover.unlink(missing_ok=True)
-
-
-def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
-    for e in entries:
-        if "put" in e:
-            raw = e["put"]
-            uid = raw.get("uid") if isinstance(raw, dict) else None
-            if not isinstance(uid, str):
-                raise CheckpointError("journal entry without a claim uid")
-            state.claims[uid] = _decode_claim(uid, raw)
-        elif "drop" in e:
-            state.claims.pop(str(e["drop"]), None)
-        elif "bootId" in e:
-            state.boot_id = str(e["bootId"])
-        # Anything else was written by a newer plugin for itself.

@@ -15,11 +15,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.host.files import atomic_write, read_regular
+from dra_plugin.checkpoint.snapshot import CheckpointError, State, _decode_claim
+from dra_plugin.host.files import FileIdentity, atomic_write, read_regular
 
 JOURNAL_KIND = "dra-plugin/prepared-claims-journal"
 JOURNAL_VERSION = 2
@@ -84,18 +87,68 @@ def check_header(entry: dict[str, Any], driver: str) -> str:
     return base
 
 
-def read_orphan(path: Path, driver: str) -> list[dict[str, Any]]:
-    """The entries of a journal whose snapshot is gone (whatever its base): [] without
+def read_orphan(path: Path, driver: str) -> list[dict[str, Any]] | None:
+    """The entries of a journal whose snapshot is gone (whatever its base): None without
     one; JournalError when it is damaged or not ours."""
     try:
         data = read_regular(path)
     except FileNotFoundError:
-        return []
+        return None
     entries = parse(data).entries
     if not entries:
         return []
     check_header(entries[0], driver)
     return entries[1:]
+
+
+class Header(StrEnum):
+    """Which snapshot a journal's header says it continues, next to the snapshot beside it."""
+
+    THIS = "this snapshot"
+    REPLACED = "the snapshot this one replaced"
+    OTHER = "another snapshot"
+    NONE = "no whole header"
+    MISSING = "no journal"
+
+    @classmethod
+    def of(cls, names: str | None, snapshot: str, previous: str | None) -> Header:
+        """`names`: the checksum in the journal's header (None: no whole header)."""
+        if names is None:
+            return cls.NONE
+        if names == snapshot:
+            return cls.THIS
+        return cls.REPLACED if names == previous else cls.OTHER
+
+
+@dataclass(frozen=True)
+class Binding:
+    apply: bool  # its entries are the changes since the snapshot
+    damage: bool  # the record lost changes: said, counted, rebuilt (checkpoint.Damaged)
+    why: str
+
+
+# The journal/snapshot binding, all of it. A snapshot written by this plugin is `bound`:
+# it names the snapshot it replaced, and its journal is written with it, so it always
+# has one. An older plugin's snapshot is not: its journal may be missing or older.
+_BINDINGS: dict[tuple[Header, bool], Binding] = {
+    (Header.THIS, True): Binding(True, False, "it continues checkpoint.json"),
+    (Header.THIS, False): Binding(True, False, "it continues checkpoint.json"),
+    # A crash between the snapshot's rename and its new journal's: the snapshot holds it.
+    (Header.REPLACED, True): Binding(False, False, "it continues the snapshot replaced"),
+    (Header.OTHER, True): Binding(
+        False, True, "it continues another snapshot than checkpoint.json"
+    ),
+    (Header.OTHER, False): Binding(False, False, "from before checkpoint.json, which holds it"),
+    (Header.NONE, True): Binding(False, True, "no whole header: emptied or truncated"),
+    (Header.NONE, False): Binding(False, False, "empty"),
+    (Header.MISSING, True): Binding(False, True, "missing, while checkpoint.json expects it"),
+    (Header.MISSING, False): Binding(False, False, "none yet"),
+}
+
+
+def binding(header: Header, bound: bool) -> Binding:
+    """What a journal whose header names `header` means next to its snapshot."""
+    return _BINDINGS[(header, bound)]
 
 
 class JournalFile:
@@ -122,11 +175,11 @@ class JournalFile:
                 os.close(fd)
         self.unsynced = False
 
-    def unchanged_or_grown(self, st: tuple[int, int, int] | None) -> bool:
-        """Whether `st` (ino, mtime, size) is the applied journal, maybe with appends."""
-        if st is None:
+    def unchanged_or_grown(self, now: FileIdentity | None) -> bool:
+        """Whether `now` is the applied journal, maybe with appends."""
+        if now is None:
             return self.ino is None
-        return st[0] == self.ino and st[2] >= self.end
+        return now.ino == self.ino and now.size >= self.end
 
     def start(self, base: str) -> int:
         """A new journal for snapshot `base`, its header alone, written atomically: from
@@ -137,16 +190,11 @@ class JournalFile:
         self.torn = self.unsynced = False
         return len(data)
 
-    def read(
-        self, base: str, *, previous: str | None = None, bound: bool = False
-    ) -> list[dict[str, Any]]:
-        """New entries: all of a journal continuing `base` (after its header), or the lines
-        appended since the last read. JournalError for damage.
-
-        `bound`: the snapshot promises its journal (it names the snapshot it replaced,
-        `previous`), so a journal without a whole header, or one continuing any other
-        snapshot than `base` is damage; one continuing `previous` is what a crash between
-        the snapshot's rename and the new journal's leaves, and holds nothing new."""
+    def read(self, base: str, *, previous: str | None = None) -> list[dict[str, Any]]:
+        """New entries: all of a journal bound to snapshot `base` (after its header), or
+        the lines appended since the last read. JournalError for damage (see `binding`;
+        `previous`: what the snapshot names as the one it replaced, None for a snapshot
+        that does not promise its journal)."""
         start = self.end if self.ino is not None else 0
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
@@ -159,15 +207,12 @@ class JournalFile:
         parsed = parse(data)
         entries = parsed.entries
         if start == 0:
-            if not entries:
-                if bound:
-                    raise JournalError("no whole header: emptied or truncated")
+            names = check_header(entries[0], self.driver) if entries else None
+            case = binding(Header.of(names, base, previous), previous is not None)
+            if case.damage:
+                raise JournalError(case.why)
+            if not case.apply:
                 return []
-            continues = check_header(entries[0], self.driver)
-            if continues != base:
-                if bound and continues != previous:
-                    raise JournalError("it continues another snapshot than checkpoint.json")
-                return []  # from before the snapshot (which holds it)
             entries = entries[1:]
         self.ino, self.end, self.torn = ino, start + parsed.end, parsed.torn
         return entries
@@ -206,3 +251,19 @@ class JournalFile:
         self.end += len(data)
         self.torn = False
         return len(data)
+
+
+def apply_entries(state: State, entries: Iterable[dict[str, Any]]) -> None:
+    """Journal entries (journal.py) applied to `state`, in order."""
+    for e in entries:
+        if "put" in e:
+            raw = e["put"]
+            uid = raw.get("uid") if isinstance(raw, dict) else None
+            if not isinstance(uid, str):
+                raise CheckpointError("journal entry without a claim uid")
+            state.claims[uid] = _decode_claim(uid, raw)
+        elif "drop" in e:
+            state.claims.pop(str(e["drop"]), None)
+        elif "bootId" in e:
+            state.boot_id = str(e["bootId"])
+        # Anything else was written by a newer plugin for itself.

@@ -1,173 +1,67 @@
-"""Crash and reboot recovery of prepared claims: settle half-done work, rebuild, GC.
-
-Whoever holds the checkpoint lock next finishes what a dead process left: a `started`
-prepare is undone (its spec file removed), an `unpreparing` one is finished. A record that
-was lost or damaged is rebuilt from our CDI spec files, exactly: beside each is its claim's
-record. At start-up, a spec file the record lacks is adopted when its record is there;
-one that cannot be adopted is removed only when the record is intact.
-
-Reboot policy: claims prepared before a reboot are KEPT. The kubelet's own checkpoint
-(/var/lib/kubelet, persistent) still lists them, and it restores them as "not prepared",
-so it calls NodePrepareResources again before it restarts the pods that use them, or
-NodeUnprepareResources once those pods are gone. Keeping the entries keeps device
-ownership right in between; their spec files (in /var/cdi/dynamic, which survives the
-reboot) are re-rendered from the current devices on that re-prepare, because device
-nodes (cardN, minors) may be numbered differently after a boot. So a spec file never
-has to survive a power loss, and prepare does not fsync it (only the journal line that
-records the claim). Half-done entries are undone whatever the boot.
-"""
+"""What the store still knows when its own files are damaged: the claims a snapshot and
+journal still hold whatever their binding, and a journal left without its snapshot
+replayed on a record rebuilt from other evidence (the claims side rebuilds that from the
+spec files and the records beside them: claims/rebuild.py). The store never guesses
+beyond its files: the caller merges what each source says."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
-from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import diskerrors
+from dra_plugin.checkpoint import journal
 from dra_plugin.checkpoint.snapshot import (
-    COMPLETED,
-    STARTED,
     CheckpointError,
     ClaimRecord,
-    DeviceRecord,
     State,
+    decode_snapshot,
     holder,
 )
-from dra_plugin.checkpoint.specnote import from_note, spec_note
-from dra_plugin.host import files
+from dra_plugin.host.files import read_regular
 
 log = logging.getLogger(__name__)
 
 
 def who(rec: ClaimRecord) -> str:
+    """How messages name a claim (snapshot.holder)."""
     return holder(rec)
 
 
-def settle(
-    state: State, cdi_root: Path, also: Callable[[ClaimRecord], object] | None = None
-) -> list[str]:
-    """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone.
-
-    `also` removes what else a record owns (device metadata); OSError keeps the entry.
-    Returns the claims to drop from `state`; the caller records that."""
-    dropped: list[str] = []
-    for uid in list(state.claims.unsettled):  # not a scan of every claim held
-        rec = state.claims[uid]
-        try:
-            if rec.spec_file:
-                cdi.remove_spec(cdi_root, rec.spec_file)
-            if also is not None:
-                also(rec)
-        except OSError as exc:
-            log.error("cannot remove CDI spec uid=%s file=%s error=%s", uid, rec.spec_file, exc)
-            continue
-        log.warning(
-            "%s: %s was interrupted (crash); %s",
-            who(rec),
-            *(("prepare", "undone") if rec.state == STARTED else ("unprepare", "finished")),
-        )
-        dropped.append(uid)
-    return dropped
-
-
-def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord | None:
-    """The record of a spec file of ours: exact from the record written beside it; without
-    one (an older version's spec, or a damaged record) `recovered`, its use unknown (no
-    share count is ever guessed). None when the file is not a spec at all."""
-    spec = cdi.read_spec(path)
-    if spec is None:
-        return None
-    ids = cdi.claimed_devices(spec, driver, uid)
-    note = cdi.read_note(path.parent, path.name)
-    if note is not None:
-        try:
-            return from_note(note, uid, path.name, ids)
-        except CheckpointError as exc:
-            log.error("CDI spec %s: the claim record beside it is unusable: %s", path, exc)
-    devices = tuple(DeviceRecord((), node_name, d, i) for d, i in sorted(ids.items()))
-    return ClaimRecord(uid, "", "", COMPLETED, path.name, devices, recovered=True)
-
-
-def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
-    """The `started` claims whose spec file and the record beside it were written whole,
-    as completed records (see ClaimPreparer._drop_settled)."""
-    out = []
-    for uid in list(state.claims.unsettled):
-        rec = state.claims[uid]
-        if rec.state != STARTED or not rec.spec_file:
-            continue
-        held = {d.device for d in rec.devices}
-        if cdi.spec_problem(cdi_root, driver, rec.spec_file, uid, held, spec_note(rec)) == "":
-            log.warning(
-                "%s: its prepare was cut off after its CDI spec was written; kept as prepared "
-                "(the kubelet prepares it again or unprepares it)",
-                who(rec),
-            )
-            out.append(replace(rec, state=COMPLETED))
-    return out
-
-
-def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecord]:
-    """Records from our spec files, for a record that was lost or damaged (from_spec).
-
-    An entry with our spec's name that is not a regular file (a link, a directory) cannot
-    be a prepared claim's spec: it is removed, not followed. A file that does not parse is
-    left in place (an ERROR says so): nothing certain about it."""
-    out: dict[str, ClaimRecord] = {}
-    for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
-        what = files.kind(path)
-        if what != "file":
-            if what is not None:
-                files.remove_unexpected(path, what, "CDI spec file")
-            continue
-        rec = from_spec(path, driver, uid, node_name)
-        if rec is None:
-            log.error("CDI spec %s cannot be read: left in place, its claim unknown", path)
-            continue
-        out[uid] = rec
-    return out
-
-
-def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> list[ClaimRecord]:
-    """Start-up: the spec files of ours that the record lacks, as records to add.
-
-    By the two-phase protocol (the intent is recorded before a spec is written, the spec
-    removed before the claim is dropped) a spec without its record means the record lost
-    lines: such a spec is adopted when its record is beside it, and left for the kubelet's
-    unprepare. Returns the adopted records; collect_orphans then removes only what cannot
-    be adopted, and only from an intact record."""
-    adopted = []
-    for uid, path in cdi.list_spec_files(cdi_root, [driver])[driver].items():
-        if uid in state.claims or files.kind(path) != "file":
-            continue
-        rec = from_spec(path, driver, uid, node_name)  # `recovered`: no record beside it
-        if rec is not None and not rec.recovered:
-            log.error(
-                "%s: its CDI spec %s exists but the checkpoint lacks it (lost journal lines?); "
-                "adopted from the record beside the spec",
-                who(rec),
-                path.name,
-            )
-            adopted.append(rec)
-    return adopted
-
-
-def collect_orphans(state: State, cdi_root: Path, driver: str, *, intact: bool = True) -> None:
-    if not intact:  # after damage nothing is certain enough to delete
-        log.info("claims loaded driver=%s prepared=%d orphans_removed=0", driver, len(state.claims))
-        return
+def salvage(
+    path: Path, journal_path: Path, driver: str, rebuilt: dict[str, ClaimRecord]
+) -> dict[str, ClaimRecord]:
+    """The claims the files on disk still hold, whatever their binding: the snapshot if
+    it decodes, plus its journal's entries if that continues it and parses. A snapshot
+    that does not decode leaves its journal as the newest evidence: it is replayed on
+    the record `rebuilt` from the spec files (a journal holds every change since the
+    snapshot, in order, so its lines are newer than anything rebuilt from it)."""
     try:
-        removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
-    except OSError as exc:  # a read-only CDI dir must not stop the daemon: prepares say why
-        log.error("%s", diskerrors.cdi_dir(cdi_root, exc, "cannot remove orphan CDI specs"))
-        removed = []
-    for path in removed:
-        log.warning("removed orphan CDI spec path=%s", path)
-    log.info(
-        "claims loaded driver=%s prepared=%d orphans_removed=%d",
-        driver,
-        len(state.claims),
-        len(removed),
-    )
+        state, base = decode_snapshot(read_regular(path), driver)
+    except (CheckpointError, OSError):
+        state = State("", rebuilt)
+        return dict(state.claims) if replay_orphan(state, journal_path, driver) else {}
+    try:
+        entries = journal.parse(read_regular(journal_path)).entries
+        names = journal.check_header(entries[0], driver) if entries else None
+        if journal.Header.of(names, base, state.previous) is journal.Header.THIS:
+            journal.apply_entries(state, entries[1:])
+    except (journal.JournalError, CheckpointError, OSError):
+        pass  # the snapshot alone
+    return dict(state.claims)
+
+
+def replay_orphan(state: State, journal_path: Path, driver: str) -> int | None:
+    """Replay a journal whose snapshot is gone or unreadable on `state` (whatever snapshot
+    it continued); the entries replayed, None when there is no journal, 0 when it is
+    unusable (damaged, not ours: logged)."""
+    try:
+        entries = journal.read_orphan(journal_path, driver)
+        if entries is None:
+            return None
+        scratch = State(state.boot_id, dict(state.claims))
+        journal.apply_entries(scratch, entries)  # whole or not at all
+    except (journal.JournalError, CheckpointError, OSError) as exc:
+        log.warning("journal without its snapshot ignored path=%s: %s", journal_path, exc)
+        return 0
+    state.claims, state.boot_id = scratch.claims, scratch.boot_id
+    return len(entries)

@@ -2,7 +2,7 @@
 
 The contract the gRPC servicers call is in `contract.py` (re-exported here); which
 results are ours and whether a device may be used (shares included) is `allocation.py`;
-crash and reboot recovery is `checkpoint/recovery.py`.
+crash and reboot recovery of the claims is `rebuild.py`.
 """
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import diskerrors, recovery
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
@@ -25,8 +26,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
     read_boot_id,
 )
-from dra_plugin.checkpoint.specnote import spec_note
-from dra_plugin.claims import devicemetadata
+from dra_plugin.claims import devicemetadata, diskerrors, rebuild
 from dra_plugin.claims.allocation import ClaimError, Holdings, select
 from dra_plugin.claims.contract import (
     ClaimHandler,
@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-# Reboot policy (claims prepared before a reboot are KEPT): see recovery.py.
+# Reboot policy (claims prepared before a reboot are KEPT): see rebuild.py.
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
@@ -127,6 +127,7 @@ class ClaimPreparer:
             self._made.made if on_demand is not None else None,
         )
         self.held: set[str] = set()
+        self._unproven: set[str] = set()  # read from the API first (rebuild.unproven)
 
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
@@ -143,7 +144,7 @@ class ClaimPreparer:
             else:
                 refs[ref.uid] = ref
         with self._commit.arriving():  # a pass about to start waits for these GETs
-            known = await known_completed(self._checkpoint, refs)
+            known = await known_completed(self._checkpoint, refs) - self._unproven
             fetched = await fetch_all(
                 self._fetch, [r for uid, r in refs.items() if uid not in known]
             )
@@ -219,7 +220,9 @@ class ClaimPreparer:
 
     def _with_file_lock(self, fn: Callable[[State], _T]) -> tuple[_T, set[str] | None]:
         with self._checkpoint.lock:
-            loaded = self._checkpoint.load(self._rebuild)
+            loaded = self._checkpoint.load(
+                partial(rebuild.rebuild, self.cdi_root, self.driver, self.node_name)
+            )
             state = loaded.state
             self._drop_settled(state)
             if loaded.rebooted:
@@ -234,10 +237,8 @@ class ClaimPreparer:
                 except OSError as exc:  # tried again by the next pass
                     log.error("cannot record the boot in the checkpoint: %s", exc)
             result = fn(state)
-            held: set[str] | None = set(state.claims.by_device)  # O(devices), not claims
-            if held == self.held:
-                held = None
-        return result, held
+            held = set(state.claims.by_device)  # O(devices), not claims
+        return result, (None if held == self.held else held)
 
     def _drop_settled(self, state: State, *, after_crash: bool = True) -> list[str]:
         """Undo/finish half-done entries. When even recording that fails (disk full) they
@@ -247,13 +248,13 @@ class ClaimPreparer:
         whole is kept as prepared: a journal cut short looks the same, and undoing an
         acknowledged prepare would hand its device to another claim. The kubelet prepares
         it again (answered from the record) or unprepares it."""
-        written = recovery.written(state, self.cdi_root, self.driver) if after_crash else []
+        written = rebuild.written(state, self.cdi_root, self.driver) if after_crash else []
         if written:
             try:
                 self._checkpoint.put(written)
             except OSError as exc:  # the next pass tries again; until then they stay held
                 log.error("cannot record kept claims in the checkpoint: %s", exc)
-        dropped = recovery.settle(state, self.cdi_root, self._made.remove_owned)
+        dropped = rebuild.settle(state, self.cdi_root, self._made.remove_owned)
         try:
             self._checkpoint.drop(dropped)
         except OSError as exc:
@@ -262,17 +263,15 @@ class ClaimPreparer:
 
     def _startup(self, state: State) -> None:
         self._checkpoint.remove_temp_files()
-        adopted = recovery.adopt_orphans(state, self.cdi_root, self.driver, self.node_name)
+        adopted = rebuild.adopt_orphans(state, self.cdi_root, self.driver, self.node_name)
         if adopted:
             self._checkpoint.put(adopted)
             metrics.checkpoint_damage(self.driver, "cdi", "claims missing")
         intact = self._checkpoint.damage is None and not adopted
-        recovery.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
+        rebuild.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
         self._metadata.collect_orphans(state.claims.values())
         self._made.reconcile(state)
-
-    def _rebuild(self) -> dict[str, ClaimRecord]:
-        return recovery.rebuild(self.cdi_root, self.driver, self.node_name)
+        self._unproven = rebuild.unproven(state, self.cdi_root, self.driver)
 
     def _step(self, name: str) -> None:
         if self._on_step is not None:
@@ -290,7 +289,7 @@ class ClaimPreparer:
             unique,
             edits=self._claim_edits(unique),
             max_version=self.options.max_version,
-            note=spec_note(rec),
+            record=specrecord.encode(rec),
         )
         ids = rendered.cdi_ids
         devs = tuple(replace(d, cdi_ids=ids[d.device]) for d in rec.devices)
@@ -308,7 +307,8 @@ class ClaimPreparer:
         pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
         for ref in refs:
             rec = state.claims.get(ref.uid)
-            if rec is not None and rec.state == COMPLETED and not rec.recovered:
+            proven = ref.uid not in self._unproven
+            if rec is not None and rec.state == COMPLETED and not rec.recovered and proven:
                 try:
                     ensured = self._writer.ensure(rec, devices, self._made.render_ensured)
                     out[ref.uid] = prepared_result(ensured)
@@ -371,6 +371,7 @@ class ClaimPreparer:
             self._checkpoint.flush()  # re-rendered specs (SpecWriter.ensure) become durable
             return out
         self._writer.commit(state, pending, out, devices)
+        self._unproven.difference_update(u for u in pending if not out[u].error)
         return out
 
     def _claim_error(self, ref: ClaimRef, exc: Exception) -> str:
@@ -383,7 +384,7 @@ class ClaimPreparer:
 
     # --- unprepare -------------------------------------------------------------------
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
-        return unprepare(
+        done = unprepare(
             state,
             refs,
             driver=self.driver,
@@ -394,3 +395,5 @@ class ClaimPreparer:
             step=self._step,
             release=self._made.release,
         )
+        self._unproven.difference_update(u for u, err in done.items() if not err)
+        return done

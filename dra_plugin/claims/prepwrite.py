@@ -8,7 +8,7 @@ A failed append leaves nothing behind (journal.py cuts it back), so a phase-1 fa
 (disk full) means nothing was done. A spec that cannot be written (read-only CDI dir)
 fails its claim only; its `started` entry is dropped unless the file may be half there
 and cannot be removed, which the next pass (or start-up) then undoes. A phase-3 failure
-undoes the pass's claims as a crash would be undone (recovery.settle).
+undoes the pass's claims as a crash would be undone (rebuild.settle).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import diskerrors
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.recovery import who
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
-from dra_plugin.checkpoint.specnote import spec_note
+from dra_plugin.claims import diskerrors
 from dra_plugin.claims.contract import PrepareResult, prepared_result
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
@@ -75,7 +75,7 @@ class SpecWriter:
         # `completed` line below is a prepare's one fsync. A process crash keeps them (page
         # cache); a power loss is a reboot, and no spec from an earlier boot is used as it
         # is: the kubelet's re-prepare re-renders it (_ensure_spec: boot ID), or it has no
-        # record and start-up GC removes it (recovery.py). Metadata files are fsync'd.
+        # record and start-up GC removes it (rebuild.py). Metadata files are fsync'd.
         with batched_dir_syncs():
             for uid, (rec, rendered) in list(pending.items()):
                 try:
@@ -166,10 +166,10 @@ class SpecWriter:
             return rec
         wrong = "rendered in an earlier boot"
         if rec.boot_id == self.checkpoint.boot_id:
-            note = spec_note(rec)
+            record = specrecord.encode(rec)
             held = {d.device for d in rec.devices}
             wrong = cdi.spec_problem(
-                self.cdi_root, self.checkpoint.driver, rec.spec_file, rec.uid, held, note
+                self.cdi_root, self.checkpoint.driver, rec.spec_file, rec.uid, held, record
             ) or ("" if self.metadata.present(rec) else "device metadata files missing or damaged")
             if not wrong:
                 return rec

@@ -4,7 +4,7 @@ made for the claim (on demand), drop the entries.
 Every claim gets its own answer: a spec that cannot be removed or a checkpoint that cannot
 be written (disk full) is that claim's error, and the kubelet calls again. What is left is
 consistent: an entry stays `completed` (nothing removed) or `unpreparing` (finished by the
-next pass, see recovery.py).
+next pass, see rebuild.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import diskerrors
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import UNPREPARING, State
+from dra_plugin.claims import diskerrors
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.host.files import batched_dir_syncs

@@ -2,8 +2,8 @@
 and the no-follow rules for what lies inside our own directories.
 
 `batched_dir_syncs()` is the group-commit half that lives below the checkpoint: inside it,
-`atomic_write` and `sync_dir` still fsync every file but fsync each directory only once,
-when the block ends (64 spec files prepared in one pass: 64 file fsyncs, 1 dir fsync).
+`atomic_write` and `sync_dir` still fsync every durable file but fsync each directory only
+once, when the block ends (a pass removing 64 claims' spec files: 1 CDI dir fsync).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -88,6 +90,44 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
         raise
     if durable:
         sync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Which file a path names and how much of it there is, from one lstat (a link in
+    its place is another file, never followed): a reader compares two to tell its own
+    file, or its own file grown, from one replaced, rewritten or cut."""
+
+    ino: int
+    mtime_ns: int
+    size: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileIdentity | None:
+        """The identity of what `path` names now; None when nothing does."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        return cls(st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def move_aside(paths: Sequence[Path], now: float) -> list[Path]:
+    """Keep damaged files of ours as evidence: each renamed to
+    `<name>.corrupt-<UTC time YYYYmmddTHHMMSSZ>` in its directory, all with the same
+    suffix (a record's files stay together), `-2`, `-3`... when that is taken, so
+    nothing set aside earlier is overwritten. Files that do not exist are skipped.
+    Returns the names given, in the order of `paths`; OSError when a rename fails."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    suffix, n = f"corrupt-{stamp}", 1
+    while any(os.path.lexists(p.with_name(f"{p.name}.{suffix}")) for p in paths):
+        n += 1
+        suffix = f"corrupt-{stamp}-{n}"
+    out = [p.with_name(f"{p.name}.{suffix}") for p in paths]
+    for src, dst in zip(paths, out, strict=True):
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(src, dst)  # a link is moved as the link, never its target
+    return out
 
 
 # Modes of the directories the plugin creates, whatever the umask it runs under.

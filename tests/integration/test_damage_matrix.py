@@ -139,7 +139,7 @@ def _targets(node: Node, a_uid: str) -> dict[str, Path]:
         "journal": state / JOURNAL_NAME,
         "lock": state / LOCK_NAME,
         "spec": cdi_dir / cdi.spec_file_name(node.driver, a_uid),
-        "record": cdi_dir / cdi.note_file_name(cdi.spec_file_name(node.driver, a_uid)),
+        "record": cdi_dir / cdi.record_file_name(cdi.spec_file_name(node.driver, a_uid)),
         "metadata-file": claim_dir / "gpu" / dm.FILE_NAME,
         "metadata-dir": claim_dir,
         "metadata-spec": cdi_dir / f"{node.driver}_metadata_{a_uid}_gpu.json",

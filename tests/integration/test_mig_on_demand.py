@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -201,7 +202,9 @@ def test_a_damaged_book_is_said_and_its_instances_are_left_alone(
     restarted = MigNode(fake, node.root, api)
     asyncio.run(restarted.preparer.startup())
     assert "MIG instance book" in caplog.text and "unusable" in caplog.text
-    assert list((node.root / "state").glob("mig-instances.json.corrupt-*"))
+    aside = [p.name for p in (node.root / "state").glob("mig-instances.json.corrupt-*")]
+    # The one name format of every damaged file of ours (host/files.py move_aside).
+    assert len(aside) == 1 and re.fullmatch(r"mig-instances\.json\.corrupt-\d{8}T\d{6}Z", aside[0])
     assert live(fake) == before  # not ours any more as far as we can tell: kept
     # Published as a static MIG device, so nothing else is placed over it.
     assert not restarted.devices[name].consumes

@@ -388,3 +388,69 @@ def test_the_first_change_writes_a_snapshot_an_older_plugin_cannot_misread(
     head = journal.parse(c.journal_path.read_bytes()).entries[0]
     assert journal.check_header(head, DRIVER) == doc["checksum"]
     assert set(cp(tmp_path).load(no_rebuild).state.claims) == {"u1"}
+
+
+def test_damaged_files_are_moved_aside_together_under_one_name_format(tmp_path: Path) -> None:
+    """host/files.py move_aside, used by every file we own: `<name>.corrupt-<UTC time>`, one
+    suffix for files set aside together, a counter instead of overwriting, a link moved as
+    the link (never its target), a missing file skipped."""
+    outside = tmp_path / "outside"
+    outside.write_text("not ours\n")
+    snap, jour, gone = tmp_path / "a.json", tmp_path / "a.journal", tmp_path / "gone"
+    snap.write_text("1")
+    jour.symlink_to(outside)
+    first = durable.move_aside([snap, jour, gone], 1700000000.0)
+    assert [p.name for p in first] == [
+        "a.json.corrupt-20231114T221320Z",
+        "a.journal.corrupt-20231114T221320Z",
+        "gone.corrupt-20231114T221320Z",
+    ]
+    assert first[0].read_text() == "1" and first[1].is_symlink() and not first[2].exists()
+    assert outside.read_text() == "not ours\n"
+    snap.write_text("2")
+    again = durable.move_aside([snap, jour], 1700000000.0)
+    assert again[0].name == "a.json.corrupt-20231114T221320Z-2" and again[0].read_text() == "2"
+    assert first[0].read_text() == "1"
+
+
+def test_file_identity_tells_a_grown_file_from_a_replaced_one(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    assert durable.FileIdentity.of(path) is None
+    path.write_bytes(b"ab")
+    one = durable.FileIdentity.of(path)
+    assert one is not None and one.size == 2
+    with path.open("ab") as f:
+        f.write(b"c")
+    grown = durable.FileIdentity.of(path)
+    assert grown is not None and grown.ino == one.ino and grown.size == 3
+    other = tmp_path / "g"
+    other.write_bytes(b"abc")
+    other.replace(path)
+    replaced = durable.FileIdentity.of(path)
+    assert replaced is not None and replaced.ino != one.ino
+
+
+def test_the_binding_table_covers_every_case() -> None:
+    """journal.binding: every header next to a bound or older snapshot has one meaning;
+    only a bound snapshot's journal can be damage, and only one continuing it applies."""
+    got = {
+        (h.value, bound): (journal.binding(h, bound).apply, journal.binding(h, bound).damage)
+        for h in journal.Header
+        for bound in (True, False)
+        if (h, bound) != (journal.Header.REPLACED, False)  # an older snapshot names none
+    }
+    assert got == {
+        ("this snapshot", True): (True, False),
+        ("this snapshot", False): (True, False),
+        ("the snapshot this one replaced", True): (False, False),
+        ("another snapshot", True): (False, True),
+        ("another snapshot", False): (False, False),
+        ("no whole header", True): (False, True),
+        ("no whole header", False): (False, False),
+        ("no journal", True): (False, True),
+        ("no journal", False): (False, False),
+    }
+    assert journal.Header.of(None, "s", "p") is journal.Header.NONE
+    assert journal.Header.of("s", "s", "p") is journal.Header.THIS
+    assert journal.Header.of("p", "s", "p") is journal.Header.REPLACED
+    assert journal.Header.of("x", "s", None) is journal.Header.OTHER

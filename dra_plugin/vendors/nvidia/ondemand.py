@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -31,7 +30,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from dra_plugin.devices import Device
-from dra_plugin.host.files import atomic_write, read_regular
+from dra_plugin.host.files import FileIdentity, atomic_write, move_aside, read_regular
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.nvidia.model import mig_cap_nodes
@@ -99,7 +98,7 @@ class Book:
         self.boot_id = boot_id
         self.driver = driver
         self.entries: dict[str, Entry] = {}
-        self._seen: tuple[int, int, int] | None = None  # the file as last read or written
+        self._seen: FileIdentity | None = None  # the file as last read or written
         self.refresh()
 
     def refresh(self) -> None:
@@ -107,11 +106,7 @@ class Book:
         other pod's plugin makes instances too, under the same claim lock). A file of ours
         that went missing or was damaged while running is said and written again from
         what this process knows."""
-        try:
-            st = os.lstat(self.path)
-            now: tuple[int, int, int] | None = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            now = None
+        now = FileIdentity.of(self.path)
         if now == self._seen:
             return
         known = dict(self.entries)
@@ -133,11 +128,7 @@ class Book:
         self._remember()
 
     def _remember(self) -> None:
-        try:
-            st = os.lstat(self.path)
-            self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            self._seen = None
+        self._seen = FileIdentity.of(self.path)
 
     def _load(self, running: bool) -> bool:
         """Read the file; False when it is damaged (said, counted, set aside)."""
@@ -152,12 +143,15 @@ class Book:
         except FileNotFoundError:
             return True
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            try:
+                aside = f"set aside as {move_aside([self.path], time.time())[0].name}"
+            except OSError as err:  # a directory we cannot write
+                aside = f"left in place (cannot move it: {err})"
             log.error(
-                "MIG instance book %s is unusable (%s); set aside as %s. %s",
+                "MIG instance book %s is unusable (%s); %s. %s",
                 self.path,
                 exc,
-                aside.name,
+                aside,
                 "Written again from what this process knows"
                 if running
                 else "MIG instances dra-plugin made before are now treated as an "
@@ -165,8 +159,6 @@ class Book:
                 "with nvidia-smi once unused",
             )
             metrics.checkpoint_damage(self.driver, "mig-instances", "unreadable")
-            with contextlib.suppress(OSError):  # a directory we cannot write: said above
-                self.path.rename(aside)
             return False
         if raw.get("boot") != self.boot_id:
             log.info(

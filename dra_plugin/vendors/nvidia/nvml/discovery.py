@@ -1,9 +1,15 @@
 """NVIDIA discovery through NVML: every allocatable GPU or MIG device as a Device.
 
-A GPU in MIG mode is NOT published itself, only its MIG devices: with MIG enabled CUDA
-cannot use the GPU as a whole, and handing it out next to its MIG devices would give the
-same silicon to two claims. A MIG-enabled GPU without MIG devices publishes nothing (and
-says so in the warnings).
+A GPU in MIG mode is NOT published itself: with MIG enabled CUDA cannot use the GPU as a
+whole, and handing it out next to its MIG devices would give the same silicon to two
+claims. What it publishes instead depends on NVIDIA_MIG_PARTITIONS:
+- off: its existing MIG devices as static devices; one without MIG devices publishes
+  nothing (and says so in the warnings);
+- on (discovery gets the instances made on demand, ondemand.py): the MIG devices an
+  administrator made (or ours from a lost instance book) as static devices, and every
+  placement none of them covers as a partitionable device with its counters (KEP-4815,
+  partitions.py), whose instance is made when a claim is prepared; a placement this
+  plugin made an instance for carries its MIG UUID and nodes.
 """
 
 from __future__ import annotations
