@@ -32,8 +32,8 @@ import pynvml
 
 from bench.stats import ratio, summarize
 from dra_plugin.devices import Device, make_device
+from dra_plugin.sampling.sampler import Sampler
 from dra_plugin.telemetry import metrics
-from dra_plugin.telemetry.sampler import Sampler
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
 from dra_plugin.vendors.nvidia import nvml

@@ -14,7 +14,7 @@ from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.vendors import registry
 
 if TYPE_CHECKING:
-    from dra_plugin.inventory import Inventory
+    from dra_plugin.running.inventory import Inventory
 
 # Subcommands import their modules when they run: `doctor` must work on a node where
 # the daemon's dependencies (NVML, udev, the API) are exactly what is broken.
@@ -72,7 +72,7 @@ def _table(inv: Inventory, out: TextIO) -> None:
 
 
 def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    from dra_plugin import inventory
+    from dra_plugin.running import inventory
     from dra_plugin.slices import build as slices
 
     inv = inventory.discover(cfg)
@@ -107,7 +107,7 @@ def discover(cfg: Config, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 
 def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
     from dra_plugin.doctor import report as doctor
-    from dra_plugin.kubeapi import ApiError, KubeAPI, NoCredentials
+    from dra_plugin.kubeapi import ApiError, ClientSettings, KubeAPI, NoCredentials
 
     # Without a usable client doctor says the API was not checked, and why.
     api: KubeAPI | None = None
@@ -117,7 +117,7 @@ def run_doctor(cfg: Config, out: TextIO = sys.stdout) -> int:
         unusable = f"{given} {problem}"
     else:
         try:
-            api = KubeAPI.from_config(cfg)
+            api = KubeAPI.from_settings(ClientSettings(kubeconfig=cfg.kubeconfig))
         except NoCredentials as exc:  # where it looked; the finding says what to do, once
             unusable = exc.looked
         except ApiError as exc:

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dra_plugin import inventory, monitors
 from dra_plugin.cdi.claims import CdiOptions, ClaimEdits
 from dra_plugin.checkpoint.snapshot import read_boot_id
 from dra_plugin.claims.claims import ClaimPreparer
@@ -37,18 +36,19 @@ from dra_plugin.host import files, hotplug
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
-from dra_plugin.node import Node
-from dra_plugin.slices.publisher import SlicePublisher
-from dra_plugin.startup import (
+from dra_plugin.running import inventory, monitors
+from dra_plugin.running.node import Node
+from dra_plugin.running.startup import (
     StartupError,
     api_client,
     listen_metrics,
     make_dir,
     undo_dirs_on_failure,
 )
+from dra_plugin.sampling.claimholders import ClaimHolders
+from dra_plugin.sampling.sampler import Sampler
+from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.telemetry import metrics
-from dra_plugin.telemetry.claimholders import ClaimHolders
-from dra_plugin.telemetry.sampler import Sampler
 from dra_plugin.vendors.base import Driver as VendorDriver
 from dra_plugin.vendors.base import Monitor, MonitorHooks, OnDemand, TelemetryReader, Vendor
 

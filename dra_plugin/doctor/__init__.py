@@ -1,2 +1,2 @@
-"""`dra-plugin doctor`: the report (report.py), vendor-neutral node and containerd checks; each
-vendor adds its own."""
+"""`dra-plugin doctor`: the report (report.py), vendor-neutral node, containerd and CDI-root
+checks; each vendor adds its own. What a check finds is in findings/."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from dra_plugin.config import Config
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host import containerd
 from dra_plugin.host.hostview import Host
 from dra_plugin.telemetry import metrics

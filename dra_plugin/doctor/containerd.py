@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from dra_plugin.config import Config
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host import containerd
 from dra_plugin.host.containerd import TALOS_CRI_PART
 from dra_plugin.host.hostview import Host

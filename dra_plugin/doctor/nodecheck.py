@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dra_plugin.config import Config
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.base import Vendor

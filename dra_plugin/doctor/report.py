@@ -20,8 +20,8 @@ from typing import Any, Protocol, TypeVar
 
 from dra_plugin.config import Config
 from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
-from dra_plugin.doctor.findings import Finding, Report, Status
 from dra_plugin.doctor.nodecheck import check_links, check_modules, check_pci
+from dra_plugin.findings.findings import Finding, Report, Status
 from dra_plugin.host.hostview import GpuVendor, Host
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.base import DoctorContext

@@ -4,6 +4,7 @@ This package is the one place that imports the kubernetes client library; the re
 the plugin imports from here and sees our own exceptions (errors.py), with the client's
 exception chained as the cause. Its modules, by job:
   errors.py     our exceptions; client/transport failures translated into them
+  settings.py   what the caller tells the client (`ClientSettings`: its credentials)
   transport.py  client construction, timeouts, read retries with backoff, JSON in/out
   serverwarnings.py  the server's Warning headers, each logged once
   httpget.py    plain GETs (claims, nodes) from the event loop, set up from the client's
@@ -39,6 +40,7 @@ from dra_plugin.kubeapi.errors import (
     NotFoundError,
     UnavailableError,
 )
+from dra_plugin.kubeapi.settings import ClientSettings
 from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts
 from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent
 
@@ -54,6 +56,7 @@ __all__ = [
     "SLICES",
     "ApiError",
     "Backoff",
+    "ClientSettings",
     "ConflictError",
     "DiscoveryError",
     "ExpiredError",

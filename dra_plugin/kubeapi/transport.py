@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import kubernetes.client
 import kubernetes.config
@@ -50,10 +50,8 @@ from dra_plugin.kubeapi.errors import (
     translate,
 )
 from dra_plugin.kubeapi.serverwarnings import ServerWarnings
+from dra_plugin.kubeapi.settings import ClientSettings
 from dra_plugin.telemetry import metrics
-
-if TYPE_CHECKING:
-    from dra_plugin.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -225,10 +223,10 @@ class Transport:
         return cls(kubernetes.client.ApiClient(cfg), timeouts=timeouts)
 
     @classmethod
-    def from_config(cls, cfg: Config, *, timeouts: Timeouts | None = None) -> Self:
-        """--kubeconfig / KUBECONFIG (read by config) when given, else the service account,
+    def from_settings(cls, settings: ClientSettings, *, timeouts: Timeouts | None = None) -> Self:
+        """The kubeconfig when given (--kubeconfig / KUBECONFIG), else the service account,
         else ~/.kube/config (as kubectl does); none of them: NoCredentials naming all four."""
-        path = cfg.kubeconfig
+        path = settings.kubeconfig
         if path:
             # KUBECONFIG may be a list of files; the first is the one we read.
             return cls.from_kubeconfig(path.split(os.pathsep)[0], timeouts=timeouts)

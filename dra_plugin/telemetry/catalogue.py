@@ -1,8 +1,9 @@
 """GPU telemetry as plain values: the series catalogue and what one sample holds.
 
 Pure data. The readers (each vendor's telemetry.py, on host/hwmon.py for sysfs) produce
-`Reading`s, the sampler (sampler.py) assembles them into an immutable `Snapshot`, and
-metrics.py turns the latest snapshot into Prometheus families on each scrape.
+`Reading`s, the sampler (sampling/sampler.py) assembles them into an immutable
+`Snapshot`, and metrics.py turns the latest snapshot into Prometheus families on each
+scrape.
 
 Naming follows the Prometheus conventions: base units in the name (`_bytes`, `_celsius`,
 `_watts`, `_hertz`, `_seconds`), `_ratio` for 0..1 fractions, `_total` for counters and

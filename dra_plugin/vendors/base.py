@@ -23,7 +23,7 @@ from typing import ClassVar, Protocol, TypeVar
 
 from dra_plugin.cdi.claims import ClaimEdits, device_node_edits
 from dra_plugin.devices import Device, Health, valid_driver_name
-from dra_plugin.doctor.findings import Finding
+from dra_plugin.findings.findings import Finding
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.host.udev import DrmEvent, UdevScan

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import Device, DeviceNode, make_device
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.options import Option, Raw
 from dra_plugin.telemetry import catalogue as t
 from dra_plugin.vendors.base import (

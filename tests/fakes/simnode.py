@@ -872,8 +872,8 @@ def drm_discover(
 ) -> DrmResult:
     """The daemon's discovery pass with only the DRM vendors named here enabled (driver
     names given), every device of every driver in one list, sorted by name."""
-    from dra_plugin import inventory
     from dra_plugin.config import Config
+    from dra_plugin.running import inventory
 
     names = {v: n for v, n in (("intel", intel), ("amd", amd)) if n}
     base = Config(vendors=tuple(names), host_root=host_root)

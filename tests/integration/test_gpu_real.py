@@ -121,8 +121,8 @@ def test_health_monitor_starts_on_real_gpus(real: NvmlDiscovery) -> None:
 
 def test_telemetry_on_real_gpus(real: NvmlDiscovery) -> None:
     """Every full GPU answers the sampler; what it reports is in range and in base units."""
+    from dra_plugin.sampling.sampler import Sampler
     from dra_plugin.telemetry.metrics import exposition
-    from dra_plugin.telemetry.sampler import Sampler
 
     gpus = [d for d in real.devices if d.attrs["type"] == "gpu"]
     if not gpus:

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.kubeapi import KubeAPI, Timeouts
-from dra_plugin.telemetry.claimholders import ClaimHolders
+from dra_plugin.sampling.claimholders import ClaimHolders
 from tests.fakes.apiserver import FakeAPIServer
 from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
 from tests.fakes.kubelet import Claim
@@ -425,7 +425,7 @@ def test_a_slow_gpu_blocks_neither_scrapes_nor_health_nor_shutdown(
 def test_nvml_values_a_gpu_does_not_have_are_absent(
     profile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dra_plugin.telemetry.sampler import Sampler
+    from dra_plugin.sampling.sampler import Sampler
     from dra_plugin.vendors.nvidia.nvml import discover_nvidia
     from dra_plugin.vendors.nvidia.telemetry import NvmlReader
     from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path

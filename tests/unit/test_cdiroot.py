@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from dra_plugin.doctor import cdiroot
-from dra_plugin.doctor.findings import Status
+from dra_plugin.findings.findings import Status
 from dra_plugin.host import containerd
 from dra_plugin.host.hostview import Host
 from dra_plugin.telemetry import metrics

@@ -12,6 +12,7 @@ import tokenize
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -88,11 +89,11 @@ PYPROJECT = ROOT / "pyproject.toml"
 VALUES = ROOT / "charts" / "dra-plugin" / "values.yaml"
 DEVICECLASS = ROOT / "charts" / "dra-plugin" / "templates" / "deviceclass.yaml"
 REGISTRY = PACKAGE / "vendors" / "registry.py"
-CONTRACTS = (  # the import-linter contracts step 3 names, by name
-    "Layers: CLI, daemon, jobs, configuration, vendors, shared services, model",
-    "Vendor folders are independent",
-    "Only the vendor registry names the vendors",
-)
+CONTRACTS = {  # the import-linter contracts step 3 names, by name: the list that holds a vendor
+    "Vendor folders are independent": "modules",
+    "Vendors never import the registry": "source_modules",
+    "Only the vendor registry names the vendors": "forbidden_modules",
+}
 
 
 def adding_a_vendor() -> str:
@@ -102,10 +103,27 @@ def adding_a_vendor() -> str:
 
 
 def _named(module: str, names: list[str]) -> bool:
-    """Whether a contract's module list (layers may join modules with `|`) covers
-    `module`, by name or by a wildcard over the vendors."""
-    parts = {p.strip() for n in names for p in n.split("|")}
-    return module in parts or bool(parts & {"dra_plugin.vendors.*", "dra_plugin.vendors.**"})
+    """Whether a contract's module list covers `module`, by name or by a wildcard over the
+    vendors."""
+    return module in names or bool(set(names) & {"dra_plugin.vendors.*", "dra_plugin.vendors.**"})
+
+
+def contracts_missing(module: str, contracts: list[dict[str, Any]]) -> list[str]:
+    """The contracts of step 3 that do not hold vendor `module`: each vendor contract, and
+    the floors (the first layers contract), which must place `vendors/` as a whole or the
+    vendor by name."""
+    by_name = {c["name"]: c for c in contracts}
+    missing = [
+        title
+        for title, key in CONTRACTS.items()
+        if not _named(module, by_name.get(title, {}).get(key, []))
+    ]
+    layers = next((c for c in contracts if c["type"] == "layers"), {})
+    names = {p.strip() for layer in layers.get("layers", []) for p in layer.split("|")}
+    whole = layers.get("containers") == ["dra_plugin"] and "vendors" in names
+    if not whole and module not in names:
+        missing.append(str(layers.get("name", "the layers")))
+    return missing
 
 
 def vendor_steps_missing(name: str) -> list[str]:
@@ -116,19 +134,9 @@ def vendor_steps_missing(name: str) -> list[str]:
         missing.append(f"step 1: dra_plugin/vendors/{name}/vendor.py")
     if module not in REGISTRY.read_text():
         missing.append(f"step 2: {name} in vendors/registry.py")
-    contracts = {
-        c["name"]: c
-        for c in tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
-    }
-    for title in CONTRACTS:
-        c = contracts.get(title)
-        names = (
-            []
-            if c is None
-            else c.get("layers") or c.get("modules") or c.get("forbidden_modules", [])
-        )
-        if not _named(module, names):
-            missing.append(f"step 3: {module} in the import-linter contract {title!r}")
+    contracts = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
+    for title in contracts_missing(module, contracts):
+        missing.append(f"step 3: {module} in the import-linter contract {title!r}")
     section = yaml.safe_load(VALUES.read_text()).get(name)
     if not isinstance(section, dict) or not {"enabled", "driverName", "deviceClass"} <= set(
         section
@@ -147,7 +155,7 @@ def test_adding_a_vendor_names_its_steps_and_their_files() -> None:
     for path in (REGISTRY, PYPROJECT, VALUES, DEVICECLASS, PACKAGE / "vendors" / "base.py"):
         rel = path.relative_to(ROOT).as_posix()
         assert path.is_file() and path.name in steps, f"'Adding a vendor' does not name {rel}"
-    for title in CONTRACTS[1:]:
+    for title in CONTRACTS:
         assert title in steps.replace("\n   ", " "), f"'Adding a vendor' omits {title!r}"
 
 
@@ -159,11 +167,18 @@ def test_every_vendor_folder_takes_the_adding_a_vendor_steps() -> None:
 
 
 def test_the_vendor_check_catches_a_vendor_that_skipped_every_step() -> None:
+    """A vendor with no folder, registry line or chart entry; the contracts hold it by
+    wildcard, so it cannot miss step 3."""
     got = vendor_steps_missing("acme")
-    assert [m.split(":")[0] for m in got] == [
-        "step 1",
-        "step 2",
-        *["step 3"] * 3,
-        "step 4",
-        "step 4",
+    assert [m.split(":")[0] for m in got] == ["step 1", "step 2", "step 4", "step 4"]
+
+
+def test_the_contract_check_catches_contracts_that_name_each_vendor() -> None:
+    """Contracts written the old way, listing the vendors by name, do not hold a new one."""
+    named = ["dra_plugin.vendors.intel", "dra_plugin.vendors.nvidia"]
+    old = [
+        {"name": "Layers", "type": "layers", "layers": ["dra_plugin.vendors.intel"]},
+        *({"name": t, "type": "forbidden", key: named} for t, key in CONTRACTS.items()),
     ]
+    assert contracts_missing("dra_plugin.vendors.acme", old) == [*CONTRACTS, "Layers"]
+    assert contracts_missing("dra_plugin.vendors.intel", old) == []

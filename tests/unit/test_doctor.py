@@ -16,7 +16,7 @@ import yaml
 from dra_plugin.config import Config
 from dra_plugin.doctor import containerd
 from dra_plugin.doctor import report as doctor
-from dra_plugin.doctor.findings import Finding, Report, Status
+from dra_plugin.findings.findings import Finding, Report, Status
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.vendors.base import as_driver
 from dra_plugin.vendors.intel.ids import INTEL

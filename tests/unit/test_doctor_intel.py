@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.doctor import report as doctor
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.vendors.intel.ids import INTEL
 from tests.fakes.hostroot import HostRoot, host_root
 

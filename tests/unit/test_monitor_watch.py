@@ -7,8 +7,8 @@ import asyncio
 import threading
 from typing import Any
 
-from dra_plugin import monitors
 from dra_plugin.devices import Health
+from dra_plugin.running import monitors
 
 
 class ThreadMonitor:

@@ -57,6 +57,57 @@ def test_import_layers_catch_a_core_module_naming_a_vendor(tmp_path: Path) -> No
     assert "dra_plugin.daemon -> dra_plugin.vendors.intel.ids" in r.stdout
 
 
+def _lint_copy(tmp_path: Path, files: dict[str, str]) -> str:
+    """lint-imports on a copy of the package with `files` (path -> text) added or appended
+    to; its report."""
+    shutil.copytree(ROOT / "dra_plugin", tmp_path / "dra_plugin")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    for path, text in files.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((target.read_text() if target.exists() else "") + text)
+    r = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode != 0, r.stdout
+    return r.stdout
+
+
+def test_import_layers_hold_a_new_vendor_folder_without_an_edit(tmp_path: Path) -> None:
+    """A vendor folder the contracts have never heard of, breaking each rule a vendor keeps:
+    it imports another vendor, the registry and the configuration above it, and the daemon
+    imports it. Every one is caught by the contracts as they are (`vendors.*`)."""
+    acme = "dra_plugin/vendors/acme"
+    out = _lint_copy(
+        tmp_path,
+        {
+            f"{acme}/__init__.py": "",
+            f"{acme}/devices.py": "from dra_plugin.vendors.intel import ids  # noqa\n",
+            f"{acme}/vendor.py": "from dra_plugin.vendors import registry  # noqa\n",
+            f"{acme}/settings.py": "from dra_plugin import config  # noqa\n",
+            "dra_plugin/daemon.py": "\nfrom dra_plugin.vendors.acme import devices  # noqa\n",
+        },
+    )
+    assert "Vendor folders are independent BROKEN" in out
+    assert "dra_plugin.vendors.acme.devices -> dra_plugin.vendors.intel.ids" in out
+    assert "Vendors never import the registry BROKEN" in out
+    assert "dra_plugin.vendors.acme.vendor -> dra_plugin.vendors.registry" in out
+    assert "Only the vendor registry names the vendors BROKEN" in out
+    assert "dra_plugin.daemon -> dra_plugin.vendors.acme.devices" in out
+    assert "dra_plugin.vendors.acme.settings -> dra_plugin.config" in out  # the layers
+
+
+def test_import_layers_place_every_folder(tmp_path: Path) -> None:
+    """A new top-level folder must be given its floor: the layers contract is exhaustive."""
+    out = _lint_copy(tmp_path, {"dra_plugin/newroom/__init__.py": ""})
+    assert "dra_plugin.newroom" in out and "BROKEN" in out
+
+
 def test_no_module_over_400_lines() -> None:
     """House rule: a module past ~400 lines is two modules (generated protos aside)."""
     package = ROOT / "dra_plugin"

@@ -13,7 +13,7 @@ import yaml
 from dra_plugin import config
 from dra_plugin.config import all_options
 from dra_plugin.doctor import cdiroot
-from dra_plugin.doctor.findings import Status
+from dra_plugin.findings.findings import Status
 from dra_plugin.kubeapi.discovery import RESOURCE_VERSIONS
 from dra_plugin.vendors import registry
 from tests.fakes.hostroot import host_root

@@ -7,11 +7,11 @@ from collections.abc import Iterable
 
 import pytest
 
-from dra_plugin import inventory
-from dra_plugin import node as node_
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, make_device
 from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.running import inventory
+from dra_plugin.running import node as node_
 
 DRIVER = "gpu.intel.com"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.startup import make_dir, undo_dirs_on_failure
+from dra_plugin.running.startup import make_dir, undo_dirs_on_failure
 
 
 @pytest.mark.parametrize("drivers", [2, 3])

@@ -160,7 +160,7 @@ def test_metrics_doc_lists_every_series() -> None:
 
 
 def test_sampler_keeps_going_after_a_failing_pass() -> None:
-    from dra_plugin.telemetry.sampler import Sampler
+    from dra_plugin.sampling.sampler import Sampler
 
     calls = []
 

@@ -8,8 +8,8 @@ failed, which on a working kernel is nearly always missing firmware (amdgpu/*.bi
 
 from __future__ import annotations
 
-from dra_plugin.doctor.checks import modules_finding, node_problem
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.checks import modules_finding, node_problem
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu, switch_port
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd import kfd

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin.devices import Device
-from dra_plugin.doctor.findings import Finding
+from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu

@@ -7,8 +7,8 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from dra_plugin.doctor.checks import DRM_MAJOR, modules_finding, node_problem, nodes_finding
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.checks import DRM_MAJOR, modules_finding, node_problem, nodes_finding
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors.base import DoctorContext
 from dra_plugin.vendors.intel.devices import KERNEL_DRIVERS

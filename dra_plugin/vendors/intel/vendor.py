@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dra_plugin.doctor.findings import Finding
+from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.options import Option, Raw, number
 from dra_plugin.vendors.base import (

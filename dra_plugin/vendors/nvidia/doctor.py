@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dra_plugin.devices import Device, Health
-from dra_plugin.doctor.checks import modules_finding, node_problem, nodes_finding
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.checks import modules_finding, node_problem, nodes_finding
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors.base import DoctorContext
 from dra_plugin.vendors.nvidia.model import NVIDIA_MAJOR

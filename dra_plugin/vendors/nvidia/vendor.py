@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dra_plugin.cdi.claims import ClaimEdits
 from dra_plugin.devices import Device
-from dra_plugin.doctor.findings import Finding
+from dra_plugin.findings.findings import Finding
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import DiscoveryError
 from dra_plugin.options import Option, Raw

@@ -3,7 +3,7 @@
 - library.py: loading the library from the driver root, sessions, errors;
 - discovery.py: the allocatable GPUs and MIG devices (naming lives in model.py);
 - events.py: the calls the health monitor (health.py) makes;
-- readings.py: the telemetry values the sampler (sampler.py) reads.
+- readings.py: the telemetry values the sampler (sampling/sampler.py) reads.
 """
 
 from dra_plugin.vendors.nvidia.nvml.discovery import NvmlDiscovery, discover_nvidia

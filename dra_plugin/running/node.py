@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import logging
 
-from dra_plugin import inventory
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, Health
 from dra_plugin.kubelet.health import HealthTracker
+from dra_plugin.running import inventory
 from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.telemetry import metrics
 

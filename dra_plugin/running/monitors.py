@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from dra_plugin.devices import Health
 from dra_plugin.host import udev
-from dra_plugin.node import Node
+from dra_plugin.running.node import Node
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import Driver as VendorDriver
 from dra_plugin.vendors.base import Monitor

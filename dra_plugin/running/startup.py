@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dra_plugin.config import Config, kubeconfig_problem
 from dra_plugin.host import files
-from dra_plugin.kubeapi import ApiError, KubeAPI, NoCredentials
+from dra_plugin.kubeapi import ApiError, ClientSettings, KubeAPI, NoCredentials
 from dra_plugin.telemetry import metrics
 
 
@@ -66,7 +66,7 @@ def api_client(cfg: Config) -> KubeAPI:
     if cfg.kubeconfig and (problem := kubeconfig_problem(cfg.kubeconfig)):
         raise StartupError(f"{setting}='{cfg.kubeconfig}' {problem}")
     try:
-        return KubeAPI.from_config(cfg)
+        return KubeAPI.from_settings(ClientSettings(kubeconfig=cfg.kubeconfig))
     except NoCredentials as exc:  # no setting to blame: it says where it looked
         raise StartupError(str(exc)) from None
     except ApiError as exc:

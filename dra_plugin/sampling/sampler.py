@@ -23,9 +23,9 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from dra_plugin.devices import PCI_BUS_ID, Device
+from dra_plugin.sampling.claimholders import ClaimHolders
 from dra_plugin.telemetry import catalogue as t
 from dra_plugin.telemetry import metrics
-from dra_plugin.telemetry.claimholders import ClaimHolders
 from dra_plugin.vendors.base import ReadError, TelemetryReader
 
 log = logging.getLogger(__name__)

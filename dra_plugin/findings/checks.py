@@ -6,7 +6,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 
-from dra_plugin.doctor.findings import Finding, Status
+from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host
 
 DRM_MAJOR = 226
