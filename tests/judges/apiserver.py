@@ -13,7 +13,6 @@ under test, so setup goes around it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import signal
 import ssl
@@ -32,7 +31,6 @@ from tests.judges import build
 
 Obj = dict[str, Any]
 START_TIMEOUT_S = 300.0  # a loaded 2-core CI machine: etcd, then every API group's storage
-PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class JudgeError(RuntimeError):
@@ -281,7 +279,6 @@ def start(
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
         )
     deadline = t0 + timeout
     while not ready.exists():
@@ -315,13 +312,6 @@ def start(
         _proc=proc,
         _ctx=ctx,
     )
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the test process dies, even by SIGKILL, so
-    no API server outlives the tests that started it."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _remove(root: Path) -> None:

@@ -24,6 +24,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -54,6 +55,7 @@ func main() {
 		os.Exit(2)
 	}
 	start := time.Now()
+	go dieWithParent()
 	if err := run(*dir, *readyFile, *gates, *emulated, *runtimeConfig, flag.Args(), start); err != nil {
 		fmt.Fprintln(os.Stderr, "apiserver:", err)
 		os.Exit(1)
@@ -275,4 +277,18 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// dieWithParent asks for the graceful shutdown once the process that started this one is
+// gone (even killed with SIGKILL), so no API server outlives its tests. It polls instead of
+// using PR_SET_PDEATHSIG, which needs code between fork and exec in the parent: a Python
+// test process that has loaded gRPC aborts there.
+func dieWithParent() {
+	parent := os.Getppid()
+	for range time.Tick(500 * time.Millisecond) {
+		if os.Getppid() != parent {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+			return
+		}
+	}
 }
