@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
-from dra_plugin.claims.claimstatus import ClaimStatusReporter
+from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.devices import CounterSet, Device, make_device
 from dra_plugin.kubeapi import Obj
 from dra_plugin.sharing import Sharing
@@ -32,6 +31,7 @@ from tests.judges.test_apiserver_plugin import (
     allocated_claim,
     gpus,
     plugin_api,
+    prepare_with_status,
     settled,
     stored,
 )
@@ -206,33 +206,9 @@ def test_claim_status_with_the_chart_rbac_at_each_version(
     meta = claim["metadata"]
     ref = ClaimRef(meta["namespace"], meta["uid"], meta["name"])
 
-    async def go() -> tuple[int, int]:
-        api = plugin_api(gated)
-        for sub in ("state", "cdi"):
-            (tmp_path / sub).mkdir()
-        inner = ClaimPreparer(
-            driver=INTEL,
-            node_name=node,
-            state_dir=tmp_path / "state",
-            cdi_root=tmp_path / "cdi",
-            fetch_claim=api.get_claim,
-            devices=lambda: {dev.name: dev},
-            boot_id=lambda: "boot-1",
-        )
-        await inner.startup()
-        reporter = ClaimStatusReporter(
-            inner, driver=INTEL, api=api, devices=lambda: {dev.name: dev}, max_defer=0.5
-        )
-        try:
-            results = await reporter.prepare([ref])
-            assert results[ref.uid].error == ""
-            assert await reporter.flush(20)
-            return reporter.writes, reporter.failures
-        finally:
-            await reporter.close()
-            await api.close()
-
-    assert asyncio.run(go()) == (1, 0)
+    result, writes, failures = prepare_with_status(gated, dev, ref, tmp_path)
+    assert result.error == ""
+    assert (writes, failures) == (1, 0)
     got: Obj = server.get(
         f"/apis/resource.k8s.io/v1/namespaces/judge-claims/resourceclaims/{meta['name']}"
     )

@@ -283,26 +283,19 @@ def allocated_claim(server: ApiServer, name: str, node: str, device: str) -> Obj
     )
 
 
-def test_claim_fetch_and_status_with_the_chart_rbac(
-    judge_api: ApiServer, judge_node: PluginAccess, tmp_path: Path
-) -> None:
-    """Prepare fetches the claim as the plugin and reports status.devices. On 1.36+ the
-    write needs `resourceclaims/driver` `associated-node:patch` for our driver name
-    (DRAResourceClaimGranularStatusAuthorization): with only `resourceclaims/status` the
-    server refuses it and the feature does nothing."""
-    dev = intel_device(0)
-    node = judge_node.node
-    claim = allocated_claim(judge_api, f"claim-{node}", node, dev.name)
-    meta = claim["metadata"]
-    ref = ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+def prepare_with_status(
+    access: PluginAccess, dev: Device, ref: ClaimRef, tmp_path: Path
+) -> tuple[Any, int, int]:
+    """Prepare `ref` as the plugin (its own client, the chart's identity) with the claim
+    status reporter around the preparer: (the claim's result, status writes, failures)."""
 
     async def go() -> tuple[Any, int, int]:
-        api = plugin_api(judge_node)
-        (tmp_path / "state").mkdir()
-        (tmp_path / "cdi").mkdir()
+        api = plugin_api(access)
+        for sub in ("state", "cdi"):
+            (tmp_path / sub).mkdir()
         inner = ClaimPreparer(
             driver=INTEL,
-            node_name=node,
+            node_name=access.node,
             state_dir=tmp_path / "state",
             cdi_root=tmp_path / "cdi",
             fetch_claim=api.get_claim,
@@ -321,7 +314,23 @@ def test_claim_fetch_and_status_with_the_chart_rbac(
             await reporter.close()
             await api.close()
 
-    result, writes, failures = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_claim_fetch_and_status_with_the_chart_rbac(
+    judge_api: ApiServer, judge_node: PluginAccess, tmp_path: Path
+) -> None:
+    """Prepare fetches the claim as the plugin and reports status.devices. On 1.36+ the
+    write needs `resourceclaims/driver` `associated-node:patch` for our driver name
+    (DRAResourceClaimGranularStatusAuthorization): with only `resourceclaims/status` the
+    server refuses it and the feature does nothing."""
+    dev = intel_device(0)
+    node = judge_node.node
+    claim = allocated_claim(judge_api, f"claim-{node}", node, dev.name)
+    meta = claim["metadata"]
+    ref = ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+    result, writes, failures = prepare_with_status(judge_node, dev, ref, tmp_path)
     assert result.error == "" and [d.device_name for d in result.devices] == [dev.name]
     assert (writes, failures) == (1, 0)
     status = judge_api.get(
