@@ -7,9 +7,8 @@ applies to. Only those addressed to this driver are kept, class configs first, t
 claim configs, each in the order written: the order of precedence of the kubelet plugin
 library and of the vendors' own DRA drivers (the last that applies wins). Configs for
 other drivers are skipped (a request may be satisfiable by several drivers). A config
-addressed to this driver that it does not understand is the claim's error, as in the
-vendors' own drivers, which fail the prepare when a config of theirs does not decode
-(docs/architecture.md, "Opaque configs").
+addressed to this driver that it does not understand is the claim's error (the stricter
+of the vendors' own drivers does the same; docs/architecture.md, "Opaque configs").
 """
 
 from __future__ import annotations
