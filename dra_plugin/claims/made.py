@@ -15,7 +15,7 @@ from dra_plugin.claims import context
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, MakeError, OnDemand
+from dra_plugin.vendors.base import Made, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext
 
 Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
@@ -73,7 +73,7 @@ class MadeDevices:
 
     def release(self, ref: ClaimRef | None, rec: ClaimRecord | None) -> None:
         """Destroy what was made for the claim (as recorded; `ref` alone for a claim the
-        record does not know); OSError when something stays (the claim stays
+        record does not know); MakeError when something stays (the claim stays
         `unpreparing` or `started`, and the next pass tries again)."""
         if self.on_demand is None:
             return
@@ -83,10 +83,7 @@ class MadeDevices:
             claim = ClaimContext(ref.uid, ref.namespace, ref.name, from_record=True)
         else:
             return
-        try:
-            self.on_demand.release(claim)
-        except MakeError as exc:
-            raise OSError(str(exc)) from None
+        self.on_demand.release(claim)
 
     def remove_owned(self, rec: ClaimRecord) -> None:
         """What a record owns besides its spec: device metadata, devices made for it."""

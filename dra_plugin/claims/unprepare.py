@@ -21,6 +21,7 @@ from dra_plugin.claims import diskerrors
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.host.files import batched_dir_syncs
+from dra_plugin.vendors.base import MakeError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def unprepare(
             try:
                 metadata.remove(ref.namespace, ref.name, ref.uid, rec)
                 release(ref, rec)  # devices made for it (MIG instances) are destroyed
-            except OSError as exc:
+            except (OSError, MakeError) as exc:
                 out[ref.uid] = f"{ref}: {exc}"
                 continue
             if rec is not None:

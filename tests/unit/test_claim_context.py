@@ -20,6 +20,7 @@ from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     FILE_NAME,
     JOURNAL_NAME,
+    UNPREPARING,
     CheckpointError,
     ClaimRecord,
     DeviceRecord,
@@ -30,7 +31,7 @@ from dra_plugin.claims.allocation import ClaimError, Holdings, select
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import Made
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, ConfigSource
 from tests.fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
 from tests.fakes.claim_harness import preparer as harness_preparer
@@ -318,3 +319,39 @@ def test_records_written_before_vendor_entries_load(tmp_path: Path, lose_checkpo
     done = asyncio.run(p.unprepare([ref(c) for c in claims]))
     assert done == {uid(i): "" for i in (1, 2, 3)}
     assert not list((tmp_path / "cdi").iterdir())
+
+
+# --- a vendor's MakeError stays a MakeError up to the claim's answer ----------------------
+
+
+class Stuck(Recorder):
+    """A vendor whose devices cannot be destroyed (yet)."""
+
+    stuck = True
+
+    def release(self, claim: ClaimContext) -> None:
+        super().release(claim)
+        if self.stuck:
+            raise MakeError(f"{claim.devices[0].device}: cannot destroy it: busy")
+
+
+def test_a_release_that_fails_is_the_claims_error_and_is_retried(tmp_path: Path) -> None:
+    obj = claim(1, [result(D0)])
+    api = FakeApi([obj])
+    vendor = Stuck()
+    p = make_preparer(tmp_path, api, vendor, frozenset())
+    asyncio.run(p.startup())
+    assert asyncio.run(p.prepare([ref(obj)]))[uid(1)].error == ""
+    # The vendor's own error type reaches the pass (not rewrapped as a disk error).
+    held = Checkpoint(tmp_path / "state", DRIVER).read()
+    assert held is not None
+    with pytest.raises(MakeError, match="busy"):
+        p._made.release(None, held.claims[uid(1)])
+    got = asyncio.run(p.unprepare([ref(obj)]))[uid(1)]
+    assert got == f"{ref(obj)}: {D0}: cannot destroy it: busy"
+    state = Checkpoint(tmp_path / "state", DRIVER).read()
+    assert state is not None and state.claims[uid(1)].state == UNPREPARING
+    vendor.stuck = False  # the kubelet retries; now it goes
+    assert asyncio.run(p.unprepare([ref(obj)]))[uid(1)] == ""
+    state = Checkpoint(tmp_path / "state", DRIVER).read()
+    assert state is not None and uid(1) not in state.claims
