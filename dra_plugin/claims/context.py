@@ -4,8 +4,8 @@ claim the prepare read from the API, or from the record where the API is not ask
 Opaque configs: `status.allocation.devices.config` holds the class's and the claim's
 configs, copied by the scheduler, each naming the driver it is for and the requests it
 applies to. Only those addressed to this driver are kept, class configs first, then
-claim configs, each in the order written: the order of precedence of the kubelet plugin
-library and of the vendors' own DRA drivers (the last that applies wins). Configs for
+claim configs, each in the order written: the order of precedence of the DRA example
+driver and of the vendors' own DRA drivers (the last that applies wins). Configs for
 other drivers are skipped (a request may be satisfiable by several drivers). A config
 addressed to this driver that it does not understand is the claim's error (the stricter
 of the vendors' own drivers does the same; docs/architecture.md, "Opaque configs").

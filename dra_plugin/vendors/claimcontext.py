@@ -81,9 +81,9 @@ class AllocatedDevice:
 class ClaimContext:
     """A claim as the vendor hooks see it. `configs` holds the opaque configs addressed to
     this driver in their order of precedence, lowest first: class configs, then claim
-    configs, each in the order written (so a later one wins, as in the kubelet plugin
-    library and the vendors' own DRA drivers). `from_record`: built from the record, without the API
-    (no configs; request names may be unknown for a claim rebuilt from its spec)."""
+    configs, each in the order written (so a later one wins, as in the DRA example driver
+    and the vendors' own DRA drivers). `from_record`: built from the record, without the
+    API (no configs; request names may be unknown for a claim rebuilt from its spec)."""
 
     uid: str
     namespace: str
