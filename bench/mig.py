@@ -57,6 +57,7 @@ def _measure(repeats: int, work: Path) -> dict[str, Any]:
 
     from dra_plugin.devices import Device
     from dra_plugin.slices.build import desired_slices
+    from dra_plugin.vendors.claimcontext import ClaimContext
     from dra_plugin.vendors.nvidia.nvml.library import session
     from dra_plugin.vendors.nvidia.nvml.miginstances import (
         destroy,
@@ -84,8 +85,9 @@ def _measure(repeats: int, work: Path) -> dict[str, Any]:
             plugin, floor = [], []
             for i in range(repeats):
                 start = time.perf_counter()
-                node.maker.make(uid(i + 1), [dev])
-                node.maker.release(uid(i + 1))
+                claim = ClaimContext(uid(i + 1), "bench", f"mig-{i + 1}")
+                node.maker.make(claim, [dev])
+                node.maker.release(claim)
                 plugin.append(time.perf_counter() - start)
                 start = time.perf_counter()
                 gi = make_gpu_instance(h, t.profile, t.start, t.size)

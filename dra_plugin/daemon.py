@@ -51,6 +51,7 @@ from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import Driver as VendorDriver
 from dra_plugin.vendors.base import Monitor, MonitorHooks, OnDemand, TelemetryReader, Vendor
+from dra_plugin.vendors.claimcontext import ClaimContext
 
 log = logging.getLogger(__name__)
 STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
@@ -237,8 +238,8 @@ async def _claims(
     activity: PrepareActivity,
     stack: contextlib.AsyncExitStack,
 ) -> None:
-    def edits(devices: Sequence[Device]) -> ClaimEdits:
-        return d.bound.claim_edits(devices, cfg.host_root)
+    def edits(devices: Sequence[Device], claim: ClaimContext) -> ClaimEdits:
+        return d.bound.claim_edits(devices, cfg.host_root, claim)
 
     def devices() -> dict[str, Device]:
         return node.devices(d.name)
@@ -259,6 +260,7 @@ async def _claims(
         sharing=d.bound.sharing,
         device_metadata=cfg.device_metadata,
         on_demand=d.on_demand,
+        opaque_configs=d.bound.opaque_configs,
     )
     await d.preparer.startup()
     d.reporter = ClaimStatusReporter(

@@ -35,6 +35,7 @@ from typing import Any
 
 # Re-exported for the tests and tools that know them as checkpoint.<name>.
 from dra_plugin.host.files import FileLock, atomic_write
+from dra_plugin.vendors.claimcontext import VendorEntry, valid_vendor_entry
 
 __all__ = ["FileLock", "atomic_write"]
 
@@ -82,6 +83,7 @@ class DeviceRecord:
     admin_access: bool = False
     shares: int = 0  # shares of a shared device this result consumes (0: not a share)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    vendor: VendorEntry | None = None  # the vendor's, opaque here (optional in the file)
 
 
 @dataclass(frozen=True)
@@ -253,6 +255,7 @@ def _device_json(d: DeviceRecord) -> dict[str, Any]:
         "shareId": d.share_id,
         "adminAccess": d.admin_access,
         "shares": d.shares,
+        **({"vendor": d.vendor} if d.vendor is not None else {}),
     }
 
 
@@ -316,6 +319,8 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
         shares = d.get("shares")
         if not isinstance(shares, int) or isinstance(shares, bool) or shares < 0:
             shares = 1 if isinstance(share, str) else 0  # written before shares were recorded
+        if (vendor := d.get("vendor")) is not None and not valid_vendor_entry(vendor):
+            raise CheckpointError(f"claim {uid}: device entry has a malformed vendor entry")
         devices.append(
             DeviceRecord(
                 request_names=_strs(d, "requestNames"),
@@ -325,7 +330,8 @@ def _decode_claim(uid: str, raw: Any) -> ClaimRecord:
                 share_id=share if isinstance(share, str) else None,
                 admin_access=d.get("adminAccess") is True,
                 shares=shares,
-                extra={k: v for k, v in d.items() if k not in _DEVICE_KEYS},
+                extra={k: v for k, v in d.items() if k not in _DEVICE_KEYS and k != "vendor"},
+                vendor=vendor,
             )
         )
     state = _str(raw, "state")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from dra_plugin.checkpoint.snapshot import ClaimMap, DeviceBook, holder
+from dra_plugin.checkpoint.snapshot import ClaimMap, DeviceBook, DeviceRecord, holder
 from dra_plugin.devices import Device, is_dns_label, is_request_name
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 
@@ -251,3 +251,19 @@ def select(
         request = base_request(str(r.get("request", "")))
         chosen.append(Chosen(dict(r), dev, request, share_id, shares, admin))
     return chosen
+
+
+def device_records(chosen: Iterable[Chosen], pool: str) -> tuple[DeviceRecord, ...]:
+    """How the record keeps the chosen results (CDI ids: the rendered spec's, set later)."""
+    return tuple(
+        DeviceRecord(
+            request_names=(c.request,),
+            pool=pool,
+            device=c.device.name,
+            cdi_ids=(),
+            share_id=c.share_id,
+            admin_access=c.admin,
+            shares=c.shares,
+        )
+        for c in chosen
+    )

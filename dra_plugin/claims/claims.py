@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -22,12 +22,11 @@ from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
     STARTED,
     ClaimRecord,
-    DeviceRecord,
     State,
     read_boot_id,
 )
-from dra_plugin.claims import devicemetadata, diskerrors, rebuild
-from dra_plugin.claims.allocation import ClaimError, Holdings, select
+from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild
+from dra_plugin.claims.allocation import ClaimError, Holdings, device_records, select
 from dra_plugin.claims.contract import (
     ClaimHandler,
     ClaimRef,
@@ -45,6 +44,7 @@ from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import MakeError, OnDemand
+from dra_plugin.vendors.claimcontext import ClaimContext
 
 __all__ = [
     "ClaimError",
@@ -61,7 +61,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 # What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
-ClaimEditor = Callable[[Sequence[Device]], cdi.ClaimEdits]
+ClaimEditor = Callable[[Sequence[Device], ClaimContext], cdi.ClaimEdits]
 
 
 @dataclass
@@ -99,12 +99,15 @@ class ClaimPreparer:
         sharing: Sharing | None = None,
         device_metadata: bool = False,
         on_demand: OnDemand | None = None,
+        opaque_configs: Collection[tuple[str, str]] = frozenset(),
     ) -> None:
         self.driver = driver
         self.node_name = node_name
         self.cdi_root = cdi_root
         self.options = cdi_options or cdi.CdiOptions()
-        self._claim_edits = claim_edits or cdi.device_node_edits
+        self._claim_edits = claim_edits or context.node_edits
+        self._opaque_configs = opaque_configs  # (apiVersion, kind) the vendor understands
+        self._contexts = context.PassContexts()  # what the vendor hooks see of a claim
         self._fetch = fetch_claim
         self._devices = devices
         self._on_step = on_step
@@ -116,7 +119,7 @@ class ClaimPreparer:
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         # Devices made at prepare, destroyed at unprepare (MIG instances made on demand).
-        self._made = MadeDevices(on_demand, self._render, self._metadata)
+        self._made = MadeDevices(on_demand, self._render, self._metadata, self._contexts)
         self._writer = SpecWriter(
             self._checkpoint,
             cdi_root,
@@ -287,7 +290,7 @@ class ClaimPreparer:
             self.driver,
             rec.uid,
             unique,
-            edits=self._claim_edits(unique),
+            edits=self._claim_edits(unique, self._contexts(rec)),
             max_version=self.options.max_version,
             record=specrecord.encode(rec),
         )
@@ -303,6 +306,7 @@ class ClaimPreparer:
         devices: Mapping[str, Device],
     ) -> dict[str, PrepareResult]:
         out: dict[str, PrepareResult] = {}
+        self._contexts.clear()  # the last pass's API reads are not this one's
         holdings = Holdings.of(state.claims, self.sharing)
         pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
         for ref in refs:
@@ -339,26 +343,17 @@ class ClaimPreparer:
                 if not chosen:  # nothing of ours in this claim: nothing to inject or record
                     out[ref.uid] = PrepareResult()
                     continue
+                ctx = context.from_api(str(ref), got, self.driver, chosen)
+                context.refuse_unknown(str(ref), ctx, self.driver, self._opaque_configs)
+                self._contexts.add(ctx)
                 meta = self._metadata.plan(ref.uid, got, chosen) if self.device_metadata else None
-                records = tuple(
-                    DeviceRecord(
-                        request_names=(c.request,),
-                        pool=self.node_name,
-                        device=c.device.name,
-                        cdi_ids=(),  # the rendered spec's
-                        share_id=c.share_id,
-                        admin_access=c.admin,
-                        shares=c.shares,
-                    )
-                    for c in chosen
-                )
                 draft = ClaimRecord(
                     ref.uid,
                     ref.namespace,
                     ref.name,
                     STARTED,
                     "",
-                    records,
+                    device_records(chosen, self.node_name),
                     boot_id=self._checkpoint.boot_id,
                     device_metadata=meta,
                 )

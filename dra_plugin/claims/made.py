@@ -1,39 +1,63 @@
 """Devices a driver makes on demand (vendors.base.OnDemand: partitions of a GPU), as the claim
 passes see them: made after the claim's `started` entry, found again on a re-prepare,
 destroyed when the claim is unprepared or its half-done prepare is undone, and reconciled
-with the record at start-up."""
+with the record at start-up. The vendor sees the claim's context (claims/context.py) and
+what it made is recorded in the devices' vendor entries."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.snapshot import ClaimRecord, State
+from dra_plugin.claims import context
+from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import MakeError, OnDemand
+from dra_plugin.vendors.base import Made, OnDemand
+from dra_plugin.vendors.claimcontext import ClaimContext
 
 Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
 
 
+def with_vendor(rec: ClaimRecord, made: Made) -> ClaimRecord:
+    """`rec` with the vendor entries `made` returned (a device not named keeps its own)."""
+    if not made.vendor:
+        return rec
+    devs = tuple(
+        replace(d, vendor=made.vendor[d.device]) if d.device in made.vendor else d
+        for d in rec.devices
+    )
+    return replace(rec, devices=devs)
+
+
 class MadeDevices:
-    def __init__(self, on_demand: OnDemand | None, render: Render, metadata: MetadataFiles):
+    def __init__(
+        self,
+        on_demand: OnDemand | None,
+        render: Render,
+        metadata: MetadataFiles,
+        claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
+    ):
         self.on_demand = on_demand
         self._render = render
         self._metadata = metadata
+        self._claim = claim  # the context the vendor sees for a record
 
     def made(
         self, rec: ClaimRecord, rendered: cdi.RenderedSpec, devices: Mapping[str, Device]
     ) -> tuple[ClaimRecord, cdi.RenderedSpec]:
         """After the claim's `started` entry: its devices made on demand, and its spec
-        rendered again with what they became (nodes, UUIDs). Raises MakeError."""
+        rendered again with what they became (nodes, UUIDs, vendor entries). Raises
+        MakeError."""
         chosen = list({d.device: devices[d.device] for d in rec.devices}.values())
         if self.on_demand is None:
             return rec, rendered
-        made = self.on_demand.make(rec.uid, chosen)
-        if made == chosen:
+        made = self.on_demand.make(self._claim(rec), chosen)
+        if made.devices == chosen and not made.vendor:
             return rec, rendered
-        return self._render(rec, made)
+        return self._render(with_vendor(rec, made), made.devices)
 
     def render_ensured(
         self, rec: ClaimRecord, devices: Sequence[Device]
@@ -41,27 +65,34 @@ class MadeDevices:
         """A re-prepare's render: devices made on demand are found (or made again after a
         reboot) first."""
         if self.on_demand is not None:
-            devices = self.on_demand.make(rec.uid, list({d.name: d for d in devices}.values()))
+            made = self.on_demand.make(
+                self._claim(rec), list({d.name: d for d in devices}.values())
+            )
+            rec, devices = with_vendor(rec, made), made.devices
         return self._render(rec, devices)
 
-    def release(self, uid: str) -> None:
-        """Destroy what was made for claim `uid`; OSError when something stays (the claim
-        stays `unpreparing` or `started`, and the next pass tries again)."""
+    def release(self, ref: ClaimRef | None, rec: ClaimRecord | None) -> None:
+        """Destroy what was made for the claim (as recorded; `ref` alone for a claim the
+        record does not know); MakeError when something stays (the claim stays
+        `unpreparing` or `started`, and the next pass tries again)."""
         if self.on_demand is None:
             return
-        try:
-            self.on_demand.release(uid)
-        except MakeError as exc:
-            raise OSError(str(exc)) from None
+        if rec is not None:
+            claim = context.from_record(rec)
+        elif ref is not None:
+            claim = ClaimContext(ref.uid, ref.namespace, ref.name, from_record=True)
+        else:
+            return
+        self.on_demand.release(claim)
 
     def remove_owned(self, rec: ClaimRecord) -> None:
         """What a record owns besides its spec: device metadata, devices made for it."""
         self._metadata.remove_record(rec)
-        self.release(rec.uid)
+        self.release(None, rec)
 
     def reconcile(self, state: State) -> None:
         """Start-up: instances made for claims the settled record no longer holds go."""
         if self.on_demand is not None:
             self.on_demand.reconcile(
-                {uid: frozenset(d.device for d in rec.devices) for uid, rec in state.claims.items()}
+                {uid: context.from_record(rec) for uid, rec in state.claims.items()}
             )

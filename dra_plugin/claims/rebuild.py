@@ -37,6 +37,7 @@ from dra_plugin.checkpoint.snapshot import (
 )
 from dra_plugin.claims import diskerrors
 from dra_plugin.host import files
+from dra_plugin.vendors.base import MakeError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def settle(
 ) -> list[str]:
     """Undo `started`, finish `unpreparing`: the lock holder that wrote them is gone.
 
-    `also` removes what else a record owns (device metadata); OSError keeps the entry.
+    `also` removes what else a record owns (device metadata, devices made for it);
+    OSError or MakeError keeps the entry.
     Returns the claims to drop from `state`; the caller records that."""
     dropped: list[str] = []
     for uid in list(state.claims.unsettled):  # not a scan of every claim held
@@ -56,8 +58,8 @@ def settle(
                 cdi.remove_spec(cdi_root, rec.spec_file)
             if also is not None:
                 also(rec)
-        except OSError as exc:
-            log.error("cannot remove CDI spec uid=%s file=%s error=%s", uid, rec.spec_file, exc)
+        except (OSError, MakeError) as exc:
+            log.error("cannot undo uid=%s file=%s error=%s", uid, rec.spec_file, exc)
             continue
         log.warning(
             "%s: %s was interrupted (crash); %s",

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.snapshot import UNPREPARING, State
+from dra_plugin.checkpoint.snapshot import UNPREPARING, ClaimRecord, State
 from dra_plugin.claims import diskerrors
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.host.files import batched_dir_syncs
+from dra_plugin.vendors.base import MakeError
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,8 @@ def unprepare(
     state_dir: Path,
     metadata: MetadataFiles,
     step: Callable[[str], None],
-    release: Callable[[str], None] = lambda uid: None,
+    # Destroys what was made for the claim (its record; None: the record does not know it).
+    release: Callable[[ClaimRef, ClaimRecord | None], None] = lambda ref, rec: None,
 ) -> dict[str, str]:
     out: dict[str, str] = {}
     known = [r for r in refs if r.uid in state.claims]
@@ -67,8 +69,8 @@ def unprepare(
                 continue  # stays `unpreparing`; the next lock holder retries
             try:
                 metadata.remove(ref.namespace, ref.name, ref.uid, rec)
-                release(ref.uid)  # devices made for it (MIG instances) are destroyed
-            except OSError as exc:
+                release(ref, rec)  # devices made for it (MIG instances) are destroyed
+            except (OSError, MakeError) as exc:
                 out[ref.uid] = f"{ref}: {exc}"
                 continue
             if rec is not None:

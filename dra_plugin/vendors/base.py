@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
@@ -41,6 +41,7 @@ from dra_plugin.options import (
 )
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 
 class VendorSettings(Protocol):
@@ -111,27 +112,37 @@ class MakeError(Exception):
     device and why (a claim's error, never the daemon's)."""
 
 
+@dataclass(frozen=True)
+class Made:
+    """What `OnDemand.make` made: the claim's devices as it gets them, and the vendor
+    entries to record for them (device name -> entry; a device not named keeps its own)."""
+
+    devices: list[Device]
+    vendor: Mapping[str, VendorEntry] = field(default_factory=dict)
+
+
 class OnDemand(Protocol):
     """Devices a driver makes when a claim is prepared and destroys when it is
     unprepared (partitions of a GPU made on demand). The core calls these with the claim's
     lock held, off the event loop, after recording its intent: a `started` claim before
     `make`, an `unpreparing` one before `release`, so a crash at any point is settled
-    by the next start (`reconcile`)."""
+    by the next start (`reconcile`). `release` and `reconcile` see the claims as the
+    record keeps them (`ClaimContext.from_record`): unprepare never asks the API."""
 
-    def make(self, claim_uid: str, devices: Sequence[Device]) -> list[Device]:
+    def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         """`devices` as the claim gets them: those made on demand are made now (or found,
         made earlier for this claim) and come back with their nodes and IDs; the others
         unchanged. On failure undoes what this call made and raises MakeError."""
         ...
 
-    def release(self, claim_uid: str) -> None:
+    def release(self, claim: ClaimContext) -> None:
         """Destroy what was made for the claim (nothing made: nothing to do). Raises
         MakeError when something stays (the claim stays `unpreparing`; retried)."""
         ...
 
-    def reconcile(self, held: Mapping[str, frozenset[str]]) -> None:
+    def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         """At start-up, with the record settled: destroy what was made for claims not in
-        `held` (claim uid -> its device names), keep what held claims use."""
+        `held` (claim uid -> the claim as recorded), keep what held claims use."""
         ...
 
 
@@ -240,8 +251,14 @@ class Driver(ABC):
     def discover(self, scan: DrmScan, host_root: Path) -> Discovered:
         """This driver's allocatable devices (sorted by name), notes and unpublished GPUs."""
 
-    def claim_edits(self, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
-        """What a claim holding `devices` (all of this driver) injects; raises CdiError."""
+    # The opaque configs (apiVersion, kind) this driver understands; a claim carrying
+    # any other config addressed to this driver is refused, naming it.
+    opaque_configs: ClassVar[frozenset[tuple[str, str]]] = frozenset()
+
+    def claim_edits(
+        self, devices: Sequence[Device], host_root: Path, claim: ClaimContext
+    ) -> ClaimEdits:
+        """What `claim` holding `devices` (all of this driver) injects; raises CdiError."""
         return device_node_edits(devices)
 
     def passthrough_drivers(self) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
 from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.claimcontext import ClaimContext
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.nvidia.model import NVIDIA
 
@@ -159,14 +160,16 @@ def preparer(
     )
 
 
-def vendor_edits(nvidia_strategy: str = "auto") -> Callable[[Sequence[Device]], cdi.ClaimEdits]:
+def vendor_edits(
+    nvidia_strategy: str = "auto",
+) -> Callable[[Sequence[Device], ClaimContext], cdi.ClaimEdits]:
     """Claim edits as the daemon makes them: from the devices' vendor, default settings."""
 
-    def edits(devices: Sequence[Device]) -> cdi.ClaimEdits:
+    def edits(devices: Sequence[Device], claim: ClaimContext) -> cdi.ClaimEdits:
         driver = Config().driver(devices[0].vendor)
         if driver.vendor.name == NVIDIA:
             driver = driver.rebound(replace(driver.settings, cdi_strategy=nvidia_strategy))
-        return driver.claim_edits(devices, Path("/"))
+        return driver.claim_edits(devices, Path("/"), claim)
 
     return edits
 

@@ -67,7 +67,7 @@ class MigNode:
             node_name=NODE,
             state_dir=root / "state",
             cdi_root=root / "cdi",
-            claim_edits=lambda devs: self.driver.claim_edits(devs, Path("/")),
+            claim_edits=lambda devs, claim: self.driver.claim_edits(devs, Path("/"), claim),
             fetch_claim=api.get_claim,
             devices=lambda: self.devices,
             boot_id=lambda: boot,

@@ -32,7 +32,8 @@ from pathlib import Path
 from dra_plugin.devices import Device
 from dra_plugin.host.files import FileIdentity, atomic_write, move_aside, read_regular
 from dra_plugin.telemetry import metrics
-from dra_plugin.vendors.base import MakeError
+from dra_plugin.vendors.base import Made, MakeError
+from dra_plugin.vendors.claimcontext import ClaimContext
 from dra_plugin.vendors.nvidia.model import mig_cap_nodes
 from dra_plugin.vendors.nvidia.nvml import miginstances as mi
 from dra_plugin.vendors.nvidia.nvml.library import session
@@ -229,9 +230,10 @@ class MigMaker:
         return {e.key: e for e in self.book.entries.values()}
 
     # --- OnDemand ------------------------------------------------------------------------
-    def make(self, claim_uid: str, devices: Sequence[Device]) -> list[Device]:
+    def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         if not any(target_of(d) for d in devices):
-            return list(devices)
+            return Made(list(devices))
+        claim_uid = claim.uid
         made: list[Entry] = []
         out: list[Device] = []
         with self.lock, session(self.driver_root):
@@ -246,7 +248,7 @@ class MigMaker:
                     raise
                 raise MakeError(f"cannot make the MIG instance: {mi.said(exc)}") from None
         self.changed()
-        return out
+        return Made(out)
 
     def _make_one(self, claim: str, d: Device, t: Target, made: list[Entry]) -> Device:
         gpu = f"GPU gpu-{t.minor} ({t.gpu})"
@@ -300,10 +302,10 @@ class MigMaker:
             except Exception as exc:  # noqa: BLE001 - kept in the book: start-up retries
                 log.error("cannot undo MIG instance of %s: %s", entry.device, mi.said(exc))
 
-    def release(self, claim_uid: str) -> None:
+    def release(self, claim: ClaimContext) -> None:
         with self.lock:
             self.book.refresh()
-            entries = [e for e in self.book.entries.values() if e.claim == claim_uid]
+            entries = [e for e in self.book.entries.values() if e.claim == claim.uid]
             if not entries:
                 return
             with session(self.driver_root):
@@ -327,14 +329,11 @@ class MigMaker:
                     self.step("gi-destroyed")
         self.book.drop(entry.device)
 
-    def reconcile(self, held: Mapping[str, frozenset[str]]) -> None:
+    def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         with self.lock:
             self.book.refresh()
-            stale = [
-                e
-                for e in self.book.entries.values()
-                if e.device not in held.get(e.claim, frozenset())
-            ]
+            kept = {(uid, d.device) for uid, c in held.items() for d in c.devices}
+            stale = [e for e in self.book.entries.values() if (e.claim, e.device) not in kept]
             if not stale:
                 return
             with session(self.driver_root):

@@ -23,6 +23,7 @@ from dra_plugin.vendors.base import (
     TelemetryReader,
     Vendor,
 )
+from dra_plugin.vendors.claimcontext import ClaimContext
 from dra_plugin.vendors.nvidia import cdi, nvml, vfio
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
@@ -97,7 +98,9 @@ class NvidiaDriver(Driver):
             notes.append("nvidia: NVML works but reports no GPUs")
         return Discovered(tuple(sorted(devs, key=lambda d: d.name)), tuple(notes), tuple(skipped))
 
-    def claim_edits(self, devices: Sequence[Device], host_root: Path) -> ClaimEdits:
+    def claim_edits(
+        self, devices: Sequence[Device], host_root: Path, claim: ClaimContext
+    ) -> ClaimEdits:
         vfio.refuse_mixed(devices)
         if devices and all(vfio.is_vfio(d) for d in devices):
             return vfio.claim_edits(devices)

@@ -1,0 +1,113 @@
+"""What a vendor's hooks see of a claim: the claim context, and the vendor entry it keeps.
+
+The claims layer builds a `ClaimContext` from the claim the prepare reads from the API
+(claims/context.py) or, where the API is not asked (unprepare, a re-prepare answered from
+the record, start-up), from the record. Either way a vendor sees the claim's identity, its
+devices of this driver with how they were allocated, and what it recorded for each of them
+(its `VendorEntry`). Opaque configs come only from the API; a vendor that needs one again
+without the API keeps what it needs in its vendor entry.
+
+A vendor entry is the vendor's own, versioned, per device: a JSON object with an integer
+`"v"` (the vendor's format version) and whatever else it needs (JSON scalars, lists,
+objects). The core stores it in the record (journal, snapshot, the spec record beside
+each spec) and hands it back; it never reads inside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+# A vendor's entry for one device: {"v": <int >= 1>, ...} (JSON), opaque to the core.
+VendorEntry = Mapping[str, Any]
+
+
+def valid_vendor_entry(value: object) -> bool:
+    """Whether `value` has the shape every vendor entry has (an object with an int `v`)."""
+    if not isinstance(value, Mapping):
+        return False
+    v = value.get("v")
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+class ConfigSource(StrEnum):
+    """Where an opaque config came from (status.allocation.devices.config[].source)."""
+
+    FROM_CLASS = "FromClass"
+    FROM_CLAIM = "FromClaim"
+
+
+@dataclass(frozen=True)
+class OpaqueConfig:
+    """One opaque config addressed to this driver, as the allocation copied it."""
+
+    index: int  # its position in status.allocation.devices.config (for messages)
+    source: ConfigSource
+    requests: tuple[str, ...]  # the requests it applies to; empty: all of them
+    api_version: str  # parameters.apiVersion ("" when absent)
+    kind: str  # parameters.kind ("" when absent)
+    parameters: Mapping[str, Any]  # the whole parameters object, as JSON
+
+    def applies_to(self, request: str) -> bool:
+        """Whether this config applies to an allocation result for `request` (`gpu` or a
+        subrequest `gpu/fast`): a config naming the main request covers its subrequests."""
+        if not self.requests:
+            return True
+        return request in self.requests or request.split("/", 1)[0] in self.requests
+
+    def __str__(self) -> str:
+        return (
+            f"opaque config #{self.index} ({self.source}) apiVersion {self.api_version!r} "
+            f"kind {self.kind!r}"
+        )
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device of this driver in the claim's allocation."""
+
+    device: str  # the device name, as published
+    request: str  # the request it was allocated for, as written (`gpu` or `gpu/fast`)
+    share_id: str | None = None  # the scheduler's shareID (a share of the device)
+    # consumedCapacity as allocated: capacity name -> quantity as written ("8Gi")
+    consumed: Mapping[str, str] = field(default_factory=dict)
+    admin_access: bool = False
+    vendor: VendorEntry | None = None  # what the record keeps for it; None: nothing yet
+
+
+@dataclass(frozen=True)
+class ClaimContext:
+    """A claim as the vendor hooks see it. `configs` holds the opaque configs addressed to
+    this driver in their order of precedence, lowest first: class configs, then claim
+    configs, each in the order written (so a later one wins, as in the DRA example driver
+    and the vendors' own DRA drivers). `from_record`: built from the record, without the
+    API (no configs; request names may be unknown for a claim rebuilt from its spec)."""
+
+    uid: str
+    namespace: str
+    name: str
+    requests: tuple[str, ...] = ()  # spec.devices.requests[].name
+    devices: tuple[AllocatedDevice, ...] = ()
+    configs: tuple[OpaqueConfig, ...] = ()
+    from_record: bool = False
+
+    def configs_for(self, request: str) -> tuple[OpaqueConfig, ...]:
+        """The configs that apply to `request`, lowest precedence first (the last wins)."""
+        return tuple(c for c in self.configs if c.applies_to(request))
+
+    def device(self, name: str) -> AllocatedDevice | None:
+        return next((d for d in self.devices if d.device == name), None)
+
+    def with_vendor(self, entries: Mapping[str, VendorEntry | None]) -> ClaimContext:
+        """This context with the vendor entries of the named devices replaced."""
+        devs = tuple(
+            replace(d, vendor=entries[d.device]) if d.device in entries else d for d in self.devices
+        )
+        return replace(self, devices=devs)
+
+    def __str__(self) -> str:
+        if not self.namespace and not self.name:
+            return f"claim uid {self.uid}"
+        return f"claim {self.namespace}/{self.name} (uid {self.uid})"
