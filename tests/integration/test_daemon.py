@@ -196,10 +196,19 @@ def test_healthz_fails_when_a_socket_is_gone(cluster: Cluster) -> None:
     )
     daemon.wait_ready([INTEL])
     cluster.wait_for("healthz", lambda: _healthz(port)[0] == 200)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
+    created = 'dra_plugin_resourceslice_writes_total{driver="gpu.intel.com",verb="create"} 1.0'
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    # /healthz answers once the sockets serve; the first slice write may land just after.
+    def counted() -> str:
+        text = metrics()
+        return text if created in text else ""
+
+    text = cluster.wait_for("the slice write counted", counted)
     assert "dra_plugin_rpc_total" in text
-    assert 'dra_plugin_resourceslice_writes_total{driver="gpu.intel.com",verb="create"} 1.0' in text
     assert 'dra_plugin_devices{driver="gpu.intel.com"} 1.0' in text
     assert f'dra_plugin_device_healthy{{device="{IGPU}",driver="gpu.intel.com"}} 1.0' in text
     (cluster.plugins / INTEL / "dra.sock").unlink()
