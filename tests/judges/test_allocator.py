@@ -59,10 +59,13 @@ def cluster(tmp_path: Path, judges: build.Built) -> Iterator[Cluster]:
 def up(cluster: Cluster, driver: str, env: dict[str, str]) -> tuple[Daemon, Plugin, ApiClient]:
     daemon = cluster.start_daemon(env=env)
     daemon.wait_ready([driver])
-    cluster.wait_for("slices", lambda: cluster.published(driver))
+    # A kubelet starting wipes its node's slices (as the real one does): the scheduler may
+    # only read them once the plugin has published them again.
+    plugin = cluster.kubelet().wait_for(driver)
+    cluster.wait_for("slices published again", lambda: cluster.published(driver))
     api = ApiClient.from_kubeconfig(cluster.kubeconfig)
     api.create(CLASSES, device_class(driver, driver))
-    return daemon, cluster.kubelet().wait_for(driver), api
+    return daemon, plugin, api
 
 
 def new_claim(api: ApiClient, name: str, *requests: dict[str, Any]) -> Claim:
