@@ -24,7 +24,7 @@ from tests.fakes.cluster import INTEL, NVIDIA
 from tests.fakes.migworld import stand_in_env
 from tests.fakes.simnode import unavailable_reason
 from tests.judges import build
-from tests.judges.allocator import FEATURES_1_35, exactly
+from tests.judges.allocator import FEATURES_1_35, AllocationFailed, exactly
 from tests.judges.apiserver import ApiServer, ServerFactory
 from tests.judges.chart_identity import chart_on
 from tests.judges.judged_node import claim_specs
@@ -40,8 +40,7 @@ pytestmark = [
 ]
 
 DEFAULT = "v1.37.2 emulating 1.37"
-GATES_OFF = "v1.37.2 emulating 1.35"
-# A 1.35 kubelet: ResourceHealthStatus is alpha there (off).
+# A 1.34/1.35 kubelet: ResourceHealthStatus is alpha there (off).
 KUBELET_1_35 = "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"
 MIG_PROFILE = "a100-40gb-mig-empty"
 
@@ -130,9 +129,19 @@ def test_nvidia_shares_of_one_gpu_by_consumable_capacity(nvidia_node: RealNode) 
     assert a["shareID"] and b["shareID"] and a["shareID"] != b["shareID"]
     for i, ref in enumerate(refs):
         cdi = node.kubelet.prepare(ref)
-        uid = node.claim(f"share{i}")["metadata"]["uid"]
-        assert any(i.startswith(f"k8s.{NVIDIA}/claim={uid}-") for i in cdi["main"]), cdi
+        assert cdi_id(node, f"share{i}", NVIDIA) in cdi["main"], cdi
     assert len(claim_specs(node.cluster)) == 2
+    # Each pod's share is reported in its claim's status under its own shareID (the
+    # server accepts an entry only for a result of the allocation, shareID included).
+    for i, (res, _) in enumerate(shares):
+
+        def entry(n: int = i) -> list[dict[str, Any]]:
+            return (node.claim(f"share{n}").get("status") or {}).get("devices") or []
+
+        node.cluster.wait_for(f"share{i}'s status entry", entry, timeout=30)
+        assert [(e["device"], e.get("shareID")) for e in entry()] == [
+            (res["device"], res["shareID"])
+        ]
     for ref in refs:
         node.kubelet.unprepare(ref)
     assert not claim_specs(node.cluster)
@@ -177,6 +186,11 @@ def test_mig_allocated_by_counters_made_at_prepare_destroyed_at_unprepare(
         got = sorted(results(node, f"mig{i}")[0]["device"] for i in range(2))
         # Counters: the two 3g.20gb placements of an A100 40GB cover all its memory.
         assert got == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"]
+        # ...so the counters leave room for no other placement of any profile.
+        any_mig = [{"cel": {"expression": f'device.attributes["{NVIDIA}"].type == "mig"'}}]
+        with pytest.raises(AllocationFailed) as full:
+            node.pod_with_claims("app2", {"mig2": exactly("mig", NVIDIA, selectors=any_mig)})
+        assert full.value.unschedulable
         assert not gpu_instances(state)
         for i, ref in enumerate(refs):
             cdi = node.kubelet.prepare(ref)
@@ -193,28 +207,6 @@ def gpu_instances(state: Path) -> list[str]:
     if not state.exists():
         return []
     return [ln for ln in state.read_text().splitlines() if ln.startswith("gi ")]
-
-
-def test_gate_off_server_the_plugin_falls_back_and_a_claim_still_prepares(
-    judge_servers: ServerFactory, judges: build.Built, tmp_path: Path
-) -> None:
-    server = judge_servers(emulated_version="1.35")
-    assert upstream(server) == GATES_OFF
-    for node in start_node(server, judges, tmp_path, profile="intel", feature_gates=KUBELET_1_35):
-        # Asked to share (consumable capacity), on a server whose DRAConsumableCapacity is
-        # off: the plugin publishes exclusive devices instead.
-        daemon = node.start_daemon({"VENDORS": "intel", "INTEL_SHARING": "shared"})
-        devices = [d for s in node.cluster.slices(INTEL) for d in s["spec"]["devices"]]
-        assert devices and not [d for d in devices if d.get("allowMultipleAllocations")]
-        assert not [d for d in devices if "shares" in d.get("capacity", {})]
-        ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)}, features=FEATURES_1_35)
-        (res,) = results(node, "gpu")
-        assert "shareID" not in res
-        cdi = node.kubelet.prepare(ref)
-        assert cdi_id(node, "gpu", INTEL) in cdi["main"], cdi
-        node.kubelet.unprepare(ref)
-        assert not claim_specs(node.cluster)
-        assert daemon.terminate() == 0
 
 
 def test_claim_status_written_with_the_charts_rbac(intel_node: RealNode) -> None:
@@ -291,3 +283,27 @@ def test_health_unknown_across_a_plugin_restart_and_healthy_again(
     assert res["device"] in resource_id
     node.kubelet.unprepare(ref)
     assert restarted.terminate() == 0
+
+
+# Last: the servers of other gate settings replace the shared default one (at most two run).
+@pytest.mark.parametrize("emulated", ["1.35", "1.34"], ids=lambda v: f"v1.37.2-emulating-{v}")
+def test_gate_off_server_the_plugin_falls_back_and_a_claim_still_prepares(
+    judge_servers: ServerFactory, judges: build.Built, tmp_path: Path, emulated: str
+) -> None:
+    server = judge_servers(emulated_version=emulated)
+    assert upstream(server) == f"v1.37.2 emulating {emulated}"
+    for node in start_node(server, judges, tmp_path, profile="intel", feature_gates=KUBELET_1_35):
+        # Asked to share (consumable capacity), on a server whose DRAConsumableCapacity is
+        # off: the plugin publishes exclusive devices instead.
+        daemon = node.start_daemon({"VENDORS": "intel", "INTEL_SHARING": "shared"})
+        devices = [d for s in node.cluster.slices(INTEL) for d in s["spec"]["devices"]]
+        assert devices and not [d for d in devices if d.get("allowMultipleAllocations")]
+        assert not [d for d in devices if "shares" in d.get("capacity", {})]
+        ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)}, features=FEATURES_1_35)
+        (res,) = results(node, "gpu")
+        assert "shareID" not in res
+        cdi = node.kubelet.prepare(ref)
+        assert cdi_id(node, "gpu", INTEL) in cdi["main"], cdi
+        node.kubelet.unprepare(ref)
+        assert not claim_specs(node.cluster)
+        assert daemon.terminate() == 0
