@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -194,7 +193,3 @@ def upstream(server: ApiServer) -> str:
     return (
         f"{version['gitVersion']} emulating {version['emulationMajor']}.{version['emulationMinor']}"
     )
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
