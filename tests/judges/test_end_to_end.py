@@ -13,6 +13,7 @@ node, namespace and kubelet (tests/judges/realnode.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,7 @@ def test_claim_status_written_with_the_charts_rbac(intel_node: RealNode) -> None
     (DRAResourceClaimGranularStatusAuthorization): the chart's rules must allow it."""
     node = intel_node
     assert upstream(node.server) == DEFAULT
+    assert gate_enabled(node.server, "DRAResourceClaimGranularStatusAuthorization")
     daemon = node.start_daemon({"VENDORS": "intel"})
     ref = node.pod_with_claims("app", {"igpu": exactly("gpu", INTEL)})
     node.kubelet.prepare(ref)
@@ -229,6 +231,15 @@ def test_claim_status_written_with_the_charts_rbac(intel_node: RealNode) -> None
     assert [c["type"] for c in entry.get("conditions", [])] == ["Ready"]
     node.kubelet.unprepare(ref)
     assert daemon.terminate() == 0
+
+
+def gate_enabled(server: ApiServer, gate: str) -> bool:
+    """The server's own word (its kubernetes_feature_enabled metric) on a feature gate."""
+    text = server.request("GET", "/metrics").body
+    pattern = rf'^kubernetes_feature_enabled{{name="{gate}",stage="[A-Z]*"}} ([01])$'
+    found = re.findall(pattern, text, re.MULTILINE)
+    assert found, f"no kubernetes_feature_enabled metric for {gate}"
+    return bool(found == ["1"])
 
 
 def test_device_metadata_in_v1beta1_reaches_the_kubelets_answer(intel_node: RealNode) -> None:
@@ -292,6 +303,7 @@ def test_gate_off_server_the_plugin_falls_back_and_a_claim_still_prepares(
 ) -> None:
     server = judge_servers(emulated_version=emulated)
     assert upstream(server) == f"v1.37.2 emulating {emulated}"
+    assert not gate_enabled(server, "DRAConsumableCapacity")
     for node in start_node(server, judges, tmp_path, profile="intel", feature_gates=KUBELET_1_35):
         # Asked to share (consumable capacity), on a server whose DRAConsumableCapacity is
         # off: the plugin publishes exclusive devices instead.
