@@ -167,10 +167,9 @@ def test_mig_allocated_by_counters_made_at_prepare_destroyed_at_unprepare(
         host = tmp_path / "host"
         (host / "proc").mkdir(parents=True, exist_ok=True)
         (host / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-caps\n")
-        state = tmp_path / "mig-state"
+        state = host / "mig-state"  # the stand-in's record of the instances made
         env = {
             **stand_in_env(host, MIG_PROFILE),
-            "FAKE_NVML_MIG_STATE": str(state),
             "HOST_ROOT": str(host),
             "VENDORS": "nvidia",
             "NVIDIA_MIG_PARTITIONS": "true",
@@ -196,7 +195,10 @@ def test_mig_allocated_by_counters_made_at_prepare_destroyed_at_unprepare(
         for i, ref in enumerate(refs):
             cdi = node.kubelet.prepare(ref)
             assert cdi_id(node, f"mig{i}", NVIDIA) in cdi["main"], cdi
-        assert len(gpu_instances(state)) == 2
+        # Made at the allocated placements (memory slices 0-3 and 4-7), each with its
+        # compute instance.
+        made = sorted((int(f[4]), int(f[5]), f[6]) for f in map(str.split, gpu_instances(state)))
+        assert made == [(0, 4, "1"), (4, 4, "1")]
         for ref in refs:
             node.kubelet.unprepare(ref)
         assert not gpu_instances(state)
@@ -273,7 +275,11 @@ def test_health_unknown_across_a_plugin_restart_and_healthy_again(
     ref = node.pod_with_claims("app", {"gpu": exactly("gpu", NVIDIA)})
     node.kubelet.prepare(ref)
     (res,) = results(node, "gpu")
-    assert list(health_of(node.kubelet.health(ref)).values()) == ["Healthy"]
+    node.cluster.wait_for(
+        "the device healthy",
+        lambda: list(health_of(node.kubelet.health(ref)).values()) == ["Healthy"],
+        timeout=30,
+    )
     daemon.kill()
     node.cluster.wait_for(
         "health unknown",
