@@ -68,28 +68,46 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
     `durable=False` skips both fsyncs: the rename is still atomic for any process crash,
     only a power loss may bring back the previous version.
     """
-    tmp = path.parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    atomic_write_all([(path, data)], mode, durable=durable)
+
+
+def atomic_write_all(
+    files: Sequence[tuple[Path, bytes]], mode: int = 0o600, *, durable: bool = True
+) -> None:
+    """`atomic_write` for files written together (a spec and its record): every temp
+    file written first, then the renames, back to back in the given order (a crash
+    between two leaves the earlier files whole and the later ones as they were), then
+    one fsync per directory. A failure before the renames leaves no file changed."""
+    token = secrets.token_hex(4)  # one random name part for the batch: one getrandom
+    temps: list[Path] = []
     try:
-        try:
-            os.fchmod(fd, mode)  # the umask must not decide what the runtime can read
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.replace(tmp, path)  # over a link: the link is replaced, never its target
-        except IsADirectoryError:  # a directory where our file belongs
-            remove_unexpected(path, "directory", "file")
-            os.replace(tmp, path)
+        for path, data in files:
+            tmp = path.parent / f".{path.name}.tmp-{token}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            temps.append(tmp)
+            try:
+                os.fchmod(fd, mode)  # the umask must not decide what the runtime can read
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp, (path, _) in zip(list(temps), files, strict=True):
+            try:
+                os.replace(tmp, path)  # over a link: the link is replaced, never its target
+            except IsADirectoryError:  # a directory where our file belongs
+                remove_unexpected(path, "directory", "file")
+                os.replace(tmp, path)
+            temps.remove(tmp)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
         raise
     if durable:
-        sync_dir(path.parent)
+        for parent in dict.fromkeys(path.parent for path, _ in files):
+            sync_dir(parent)
 
 
 @dataclass(frozen=True)
