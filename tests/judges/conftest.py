@@ -6,6 +6,7 @@ shared, at most two run at a time (the oldest stops when a third is asked for), 
 at the end of the session. `judge_api` is the default one (1.37 gates, v1 served), with
 the chart's identity installed (`judge_chart`). `judge_node` (per test): a fresh node
 name with the plugin's credentials for it (a `PluginAccess`), removed afterwards.
+`judges`: the built judge programs (built here when their sources changed).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.judges import apiserver
+from tests.judges import apiserver, build
 from tests.judges.apiserver import ApiServer, ServerFactory
 from tests.judges.chart_identity import Chart, PluginAccess, chart_on, fresh_node, plugin_access
 
@@ -67,3 +68,8 @@ def judge_node(judge_api: ApiServer, judge_chart: Chart) -> Iterator[PluginAcces
     access = plugin_access(judge_api, judge_chart, fresh_node())
     yield access
     access.remove()
+
+
+@pytest.fixture(scope="session")
+def judges() -> build.Built:
+    return build.build()

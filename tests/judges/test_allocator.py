@@ -44,11 +44,6 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
-@pytest.fixture(scope="module")
-def judges() -> build.Built:
-    return build.build()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, judges: build.Built) -> Iterator[Cluster]:
     c = Cluster(tmp_path, profile="intel", nvml_profile="datacenter")

@@ -46,11 +46,6 @@ KUBELET_1_35 = "ResourceHealthStatus=false,ResourceHealthStatusMessage=false"
 MIG_PROFILE = "a100-40gb-mig-empty"
 
 
-@pytest.fixture(scope="module")
-def judges() -> build.Built:
-    return build.build()
-
-
 def start_node(server: ApiServer, judges: build.Built, tmp: Path, **kw: Any) -> Iterator[RealNode]:
     node = RealNode.start(server, chart_on(server), judges, tmp, **kw)
     try:

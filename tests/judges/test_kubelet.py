@@ -33,11 +33,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def judges() -> build.Built:
-    return build.build()
-
-
 @pytest.fixture
 def cluster(tmp_path: Path, judges: build.Built) -> Iterator[Cluster]:
     c = Cluster(tmp_path, profile="intel", nvml_profile="datacenter")
