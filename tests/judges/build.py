@@ -40,10 +40,14 @@ class Built:
         return path
 
 
+# Where Go's own installer puts it: a non-interactive shell (CI) may not have it on PATH.
+GO_HOME_BIN = "/usr/local/go/bin"
+
+
 def _go() -> str:
-    go = shutil.which("go")
+    go = shutil.which("go") or shutil.which("go", path=GO_HOME_BIN)
     if go is None:
-        raise JudgeBuildError("the judges need Go (go1.26+) on PATH")
+        raise JudgeBuildError(f"the judges need Go (go1.26+) on PATH or in {GO_HOME_BIN}")
     return go
 
 
