@@ -258,6 +258,17 @@ class Cluster:
     def published(self, driver: str) -> list[str]:
         return sorted(d["name"] for s in self.slices(driver) for d in s["spec"].get("devices", []))
 
+    def pool_complete(self, driver: str) -> list[str]:
+        """The driver's devices once every slice of its pool is stored at one generation,
+        else []: a scheduler skips a pool it sees in part (a MIG pool is several slices,
+        written one by one)."""
+        pools = [s["spec"]["pool"] for s in self.slices(driver)]
+        whole = bool(pools) and all(
+            p["generation"] == pools[0]["generation"] and p["resourceSliceCount"] == len(pools)
+            for p in pools
+        )
+        return self.published(driver) if whole else []
+
     def close(self) -> None:
         for k in self.kubelets:
             k.close()

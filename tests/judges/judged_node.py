@@ -48,7 +48,9 @@ class JudgedNode:
             self.kubelet.wait_registered(driver)
         self.cluster.wait_for("the kubelet's start-up wipe", lambda: self.wipes() >= 1)
         for driver in drivers:
-            self.cluster.wait_for(f"{driver} slices", lambda d=driver: self.cluster.published(d))
+            self.cluster.wait_for(
+                f"{driver} slices, the whole pool", lambda d=driver: self.cluster.pool_complete(d)
+            )
 
     def wipes(self) -> int:
         """Slice wipes so far (DeleteCollection calls the fake API server answered)."""

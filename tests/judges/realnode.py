@@ -144,7 +144,7 @@ class RealNode:
             self.kubelet.wait_registered(driver, since=mark, timeout=60)
             self.cluster.wait_for(
                 f"{driver} devices published",
-                lambda d=driver: self.cluster.published(d),
+                lambda d=driver: self.cluster.pool_complete(d),
                 timeout=60,
             )
         return daemon

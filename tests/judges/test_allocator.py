@@ -57,7 +57,7 @@ def up(cluster: Cluster, driver: str, env: dict[str, str]) -> tuple[Daemon, Plug
     # A kubelet starting wipes its node's slices (as the real one does): the scheduler may
     # only read them once the plugin has published them again.
     plugin = cluster.kubelet().wait_for(driver)
-    cluster.wait_for("slices published again", lambda: cluster.published(driver))
+    cluster.wait_for("the pool published again, whole", lambda: cluster.pool_complete(driver))
     api = ApiClient.from_kubeconfig(cluster.kubeconfig)
     api.create(CLASSES, device_class(driver, driver))
     return daemon, plugin, api
