@@ -44,6 +44,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes import apiserver_objects, claim_status_rules, slice_strategy
+from tests.fakes.apiserver_objects import status_body
 
 Obj = dict[str, Any]
 GROUP = "resource.k8s.io"
@@ -658,21 +659,6 @@ class RawBody(dict[str, Any]):
     def __init__(self, data: bytes) -> None:
         super().__init__()
         self.data = data
-
-
-def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
-    body: Obj = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        body["details"] = details
-    return body
 
 
 class _HTTPError(Exception):

@@ -32,8 +32,9 @@ class Objects:
         self.classes: dict[str, Obj] = {}
 
 
-def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
-    body = {
+def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
+    """A `Status` as the API server answers a failure (apiserver.py answers with it too)."""
+    body: Obj = {
         "kind": "Status",
         "apiVersion": "v1",
         "metadata": {},
@@ -42,7 +43,13 @@ def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
         "reason": reason,
         "code": code,
     }
-    return code, body
+    if details:
+        body["details"] = details
+    return body
+
+
+def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
+    return code, status_body(code, reason, message)
 
 
 def _stamp(st: FakeAPIServer, obj: Obj, *, namespace: str | None = None) -> Obj:

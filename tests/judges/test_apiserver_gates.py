@@ -28,6 +28,7 @@ from tests.judges.chart_identity import PluginAccess, chart_on, fresh_node, plug
 from tests.judges.test_apiserver_plugin import (
     INTEL,
     NV,
+    CountingAPI,
     allocated_claim,
     gpus,
     plugin_api,
@@ -113,18 +114,17 @@ def test_publish_falls_back_where_gates_are_off_and_then_stays_quiet(
         pub.set_devices(INTEL, intel_gpus(2))
         pub.set_devices(PARTS, partitions())
 
+    def publisher(api: CountingAPI) -> SlicePublisher:
+        pub = SlicePublisher(
+            api, node, drivers, backoff_initial=0.05, backoff_max=0.5, sharing={INTEL: Sharing(8)}
+        )
+        devices(pub)
+        return pub
+
     async def go() -> tuple[int, int]:
         api = plugin_api(gated)
         try:
-            pub = SlicePublisher(
-                api,
-                node,
-                drivers,
-                backoff_initial=0.05,
-                backoff_max=0.5,
-                sharing={INTEL: Sharing(8)},
-            )
-            devices(pub)
+            pub = publisher(api)
             await pub.start()
             await settled(api, server, pub, node)
             assert pub.stats.errors == 0, pub.stats.last_error
@@ -133,15 +133,7 @@ def test_publish_falls_back_where_gates_are_off_and_then_stays_quiet(
 
             # A restarted plugin: what it learns again from its probes costs no write
             # where the probe decides; a taint loss is learned from one write.
-            again = SlicePublisher(
-                api,
-                node,
-                drivers,
-                backoff_initial=0.05,
-                backoff_max=0.5,
-                sharing={INTEL: Sharing(8)},
-            )
-            devices(again)
+            again = publisher(api)
             api.slice_writes = 0
             await again.start()
             await settled(api, server, again, node)
