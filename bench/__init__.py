@@ -9,7 +9,7 @@ Modules, by responsibility:
 - `stats`: summaries (median, p99) and the report's number formats;
 - `floor`: the floor (bare gRPC round trip on a unix socket, fsync'd write, HTTP GET);
 - `echo_server`: the trivial grpc.aio server the floor calls (a subprocess);
-- `node`: a simulated node around the real daemon (tests.fakes.cluster) for the benches;
+- `node`: a simulated node around the real daemon (fakes.cluster) for the benches;
 - `claims`: prepare latency, the 64-claim burst and the same 64 in one call;
 - `held`: prepare/unprepare latency and bytes written with 0, 100, 1,000 claims held,
   one node per level, measured interleaved;

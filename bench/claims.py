@@ -16,9 +16,9 @@ import grpc
 from bench.floor import Floor
 from bench.node import BenchNode, settle_status_writes
 from bench.stats import ratio, summarize
-from tests.fakes.cluster import INTEL, NVIDIA, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.simnode import CARDS
+from fakes.cluster import INTEL, NVIDIA, allocated_claim
+from fakes.kubelet import Claim, Plugin
+from fakes.simnode import CARDS
 
 NAMESPACE = "default"
 INTEL_DEVICE = CARDS["igpu"].name

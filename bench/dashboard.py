@@ -31,9 +31,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS
+from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "charts" / "dra-plugin" / "dashboards" / "gpu-telemetry.json"

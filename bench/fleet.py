@@ -32,7 +32,7 @@ from typing import Any
 from dra_plugin.devices import Device, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.slices.publisher import SlicePublisher
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 
 DRIVERS = ("gpu.intel.com", "gpu.nvidia.com")
 DEVICES_PER_DRIVER = 4

@@ -30,9 +30,9 @@ from typing import Any
 
 from bench.node import SHARED_ENV, BenchNode, settle_status_writes
 from bench.stats import ratio, summarize
-from tests.fakes.cluster import INTEL, Daemon, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.simnode import CARDS
+from fakes.cluster import INTEL, Daemon, allocated_claim
+from fakes.kubelet import Claim, Plugin
+from fakes.simnode import CARDS
 
 NAMESPACE = "bench-held"
 HELD_DEVICE = CARDS["dgpu"].name

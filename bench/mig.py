@@ -65,9 +65,9 @@ def _measure(repeats: int, work: Path) -> dict[str, Any]:
         make_gpu_instance,
     )
     from dra_plugin.vendors.nvidia.ondemand import target_of
-    from tests.fakes.claim_harness import FakeApi, uid
-    from tests.fakes.migworld import MigNode
-    from tests.fakes.nvml_lib import build_fake_nvml
+    from fakes.claim_harness import FakeApi, uid
+    from fakes.migworld import MigNode
+    from fakes.nvml_lib import build_fake_nvml
 
     fake = build_fake_nvml()
     node = MigNode(fake, work, FakeApi())  # the maker alone is measured: no claim fetched
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-mig-") as tmp:
         work = Path(tmp)
-        from tests.fakes.migworld import stand_in_env
+        from fakes.migworld import stand_in_env
 
         (work / "proc").mkdir()
         (work / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-caps\n")

@@ -1,7 +1,7 @@
 """A simulated node with 8 GPUs around the real daemon, built from the test fakes.
 
 4 Intel GPUs through umockdev (Core Ultra iGPU, Arc B580, Max 1550, an unknown Intel id)
-and 4 NVIDIA H200s through the NVML stand-in (profile tests/fakes/nvml/profiles/bench4),
+and 4 NVIDIA H200s through the NVML stand-in (profile fakes/nvml/profiles/bench4),
 the fake API server in this process, and `python -m dra_plugin run` as a subprocess.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
-from tests.fakes.kubelet import get_info
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.kubelet import get_info
+from fakes.simnode import unavailable_reason
 
 INTEL_PROFILE = "intel+degraded+unknown"  # 4 Intel GPUs
 NVML_PROFILE = "bench4"  # 4 NVIDIA GPUs

@@ -18,7 +18,7 @@ from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.slices.build import desired_slices, plan_sync
 from dra_plugin.slices.publisher import SlicePublisher
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 
 DRIVER = "gpu.nvidia.com"
 NODE = "big-node"

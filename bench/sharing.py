@@ -17,9 +17,9 @@ import uuid
 from typing import Any
 
 from bench.stats import ratio, summarize
-from tests.fakes.cluster import INTEL, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.simnode import CARDS
+from fakes.cluster import INTEL, allocated_claim
+from fakes.kubelet import Claim, Plugin
+from fakes.simnode import CARDS
 
 NAMESPACE = "bench-sharing"
 SHARED_DEVICE = CARDS["dgpu"].name

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.node import DRIVERS, GPUS, BenchNode
 from bench.stats import summarize
-from tests.fakes.cluster import Daemon
+from fakes.cluster import Daemon
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -2,7 +2,7 @@
 
 In-process, at 8 and 64 devices (half Intel, half NVIDIA):
 - the Intel half reads a directory laid out like /sys with the Arc B580's telemetry files
-  (tests/fakes/gpusysfs.py) per card: the real file reads and parsing of intelsysfs.py;
+  (fakes/gpusysfs.py) per card: the real file reads and parsing of intelsysfs.py;
 - the NVIDIA half goes through the real pynvml into the NVML stand-in (its answers cost
   next to nothing, so this measures our side: pynvml's ctypes calls and our handling).
 Sampling CPU is `thread_time()` around one pass as the daemon's sampler makes it in its
@@ -38,8 +38,8 @@ from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.intel.telemetry import IntelSysfsReader
 from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
-from tests.fakes.gpusysfs import write_telemetry
-from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml
+from fakes.gpusysfs import write_telemetry
+from fakes.nvml_lib import PROFILE_ENV, build_fake_nvml
 
 GPU_PROFILE = """
 [gpu]

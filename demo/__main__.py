@@ -21,10 +21,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.nvml_lib import profile_path
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.nvml_lib import profile_path
+from fakes.simnode import CARDS, unavailable_reason
 
 NVML_PROFILE = "datacenter"
 

@@ -13,7 +13,7 @@ from celpy.adapter import json_to_cel
 
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.vendors.nvidia.nvml import discover_nvidia
-from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
+from fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
 
 from .rendering import all_of, render
 

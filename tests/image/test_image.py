@@ -17,7 +17,7 @@ fails here instead of testing old code: podman caches a `RUN --mount=from=build`
 its command text alone, not on the wheels it mounts, which is how an image of older code
 once passed here (the Dockerfile now copies the wheels' checksums in before that step).
 
-podman runs as in tests/fakes/podman.py: in a private mount namespace without the cgroup
+podman runs as in fakes/podman.py: in a private mount namespace without the cgroup
 v2 mount crun refuses on hybrid hosts, cgroups disabled, and ulimits a sandbox allows.
 """
 
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.cluster import write_kubeconfig
-from tests.fakes.podman import Podman as RuntimePodman
-from tests.fakes.podman import missing_tools as missing_runtime_tools
+from fakes.apiserver import FakeAPIServer
+from fakes.cluster import write_kubeconfig
+from fakes.podman import Podman as RuntimePodman
+from fakes.podman import missing_tools as missing_runtime_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -1,6 +1,6 @@
 """AMD GPUs: discovery against the real libudev (umockdev) and the real daemon end to end.
 
-Fixtures (tests/fakes/amdsim.py): a Ryzen 7040 APU (Phoenix 0x15bf), a Radeon RX 7900
+Fixtures (fakes/amdsim.py): a Ryzen 7040 APU (Phoenix 0x15bf), a Radeon RX 7900
 XTX (Navi 31 0x744c) and an Instinct MI300X (0x74a1, accelerator class) in CPX/NPS4 with
 seven amdgpu_xcp partition devices and RAS counters.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.fakes.apiserver import validate_slice
-from tests.fakes.cluster import ROOT, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, GiB, SimNode, unavailable_reason
+from fakes.apiserver import validate_slice
+from fakes.cluster import ROOT, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, GiB, SimNode, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

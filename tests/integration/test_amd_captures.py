@@ -1,5 +1,5 @@
 """AMD Instinct nodes shaped like real ones: the MI300X and MI308X CPX KFD topology
-captures (tests/fakes/amdcaptures.py), through the real libudev (umockdev).
+captures (fakes/amdcaptures.py), through the real libudev (umockdev).
 
 The captures disagree with issue 19's expectation ("MI300X CPX -> 16 devices, MI308X
 CPX -> 8"); we go by the data: MI300X CPX has 8 GPUs and 63 partitions (GPU
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from dra_plugin.quantity import parse_quantity
-from tests.fakes import amdcaptures
-from tests.fakes.amdsim import KFD_DEVPATH
-from tests.fakes.simnode import CARDS, REPO_ROOT, GiB, SimNode, unavailable_reason
+from fakes import amdcaptures
+from fakes.amdsim import KFD_DEVPATH
+from fakes.simnode import CARDS, REPO_ROOT, GiB, SimNode, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

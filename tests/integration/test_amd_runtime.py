@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import podman as rt
-from tests.fakes.cluster import Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes import podman as rt
+from fakes.cluster import Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, unavailable_reason
 
 AMD = "gpu.amd.com"
 APU = CARDS["amd-apu"].name

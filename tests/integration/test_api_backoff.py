@@ -15,7 +15,7 @@ import pytest
 from dra_plugin.kubeapi import KubeAPI, Timeouts, UnavailableError
 from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.telemetry import metrics
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 from tests.integration.test_publisher import NODE, NV, gpus
 
 

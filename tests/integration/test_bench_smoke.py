@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.simnode import unavailable_reason
+from fakes.simnode import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,10 +20,10 @@ import pytest
 
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.claims.metadatastream import parse_stream
-from tests.fakes import podman as rt
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes import podman as rt
+from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, unavailable_reason
 
 IGPU = CARDS["igpu"].name
 # Stand-ins for the NVIDIA control nodes where the host has no driver; nvidia-uvm's major

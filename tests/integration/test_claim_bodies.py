@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.fakes.cluster import INTEL, Cluster, Daemon
-from tests.fakes.kubelet import Claim, Kubelet, Plugin
-from tests.fakes.simnode import CARDS
+from fakes.cluster import INTEL, Cluster, Daemon
+from fakes.kubelet import Claim, Kubelet, Plugin
+from fakes.simnode import CARDS
 
 IGPU = CARDS["igpu"].name
 DGPU = CARDS["dgpu"].name  # the valid claim's: a fuzzed claim may well be prepared

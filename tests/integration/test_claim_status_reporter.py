@@ -10,9 +10,9 @@ from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.telemetry import metrics
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
-from tests.fakes.waits import async_wait_for
+from fakes.apiserver import FakeAPIServer
+from fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
+from fakes.waits import async_wait_for
 
 FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
 DEV = intel_device(0)

@@ -29,7 +29,7 @@ def test_kill_at_any_step_then_restart_is_consistent(tmp_path: Path, seed: int) 
     work = _workdir(tmp_path)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "tests.fakes.claim_harness", str(ROUNDS), str(seed), str(work)],
+            [sys.executable, "-m", "fakes.claim_harness", str(ROUNDS), str(seed), str(work)],
             cwd=ROOT,
             capture_output=True,
             text=True,

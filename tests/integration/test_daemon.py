@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim, get_info
-from tests.fakes.simnode import CARDS, unavailable_reason
-from tests.fakes.waits import wait_for
+from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim, get_info
+from fakes.simnode import CARDS, unavailable_reason
+from fakes.waits import wait_for
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, Cluster
-from tests.fakes.hostroot import host_root
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, Cluster
+from fakes.hostroot import host_root
+from fakes.simnode import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

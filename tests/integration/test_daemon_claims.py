@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.fakes.apiserver import validate_slice
-from tests.fakes.cluster import INTEL, NVIDIA, ROOT, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.apiserver import validate_slice
+from fakes.cluster import INTEL, NVIDIA, ROOT, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, unavailable_reason
 from tests.judges import build
 from tests.judges.allocator import device_class, first_available
 from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode

@@ -1,6 +1,6 @@
 """Every start has its stop: start-up made to fail after each of its steps leaves nothing
 behind (sockets, the directories it created, threads, connections), through the daemon's
-real code paths (tests/fakes/failing_start.py raises at the daemon's step hook)."""
+real code paths (fakes/failing_start.py raises at the daemon's step hook)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.daemon import STEPS
-from tests.fakes.cluster import ROOT, Cluster
+from fakes.cluster import ROOT, Cluster
 from tests.integration.test_telemetry import _free_port
 
 
@@ -44,7 +44,7 @@ def test_a_failure_after_any_start_step_leaves_nothing(cluster: Cluster, step: s
         }
     )
     done = subprocess.run(
-        [sys.executable, "-m", "tests.fakes.failing_start", step, str(report), "run"],
+        [sys.executable, "-m", "fakes.failing_start", step, str(report), "run"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster
+from fakes.kubelet import Claim
+from fakes.simnode import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

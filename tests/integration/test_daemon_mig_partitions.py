@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.vendors.nvidia.ondemand import BOOK
-from tests.fakes.cluster import NVIDIA, Cluster
-from tests.fakes.migworld import stand_in_env
+from fakes.cluster import NVIDIA, Cluster
+from fakes.migworld import stand_in_env
 from tests.judges import build
 from tests.judges.allocator import device_class, exactly
 from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode

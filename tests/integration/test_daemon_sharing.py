@@ -13,10 +13,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.fakes.apiserver import validate_slice
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.apiserver import validate_slice
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
+from fakes.kubelet import Claim, Plugin
+from fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

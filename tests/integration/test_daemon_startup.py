@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, Cluster
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL, Cluster
+from fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

@@ -8,9 +8,9 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.fakes.apiserver import validate_slice
-from tests.fakes.cluster import NVIDIA, Cluster
-from tests.fakes.simnode import unavailable_reason
+from fakes.apiserver import validate_slice
+from fakes.cluster import NVIDIA, Cluster
+from fakes.simnode import unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

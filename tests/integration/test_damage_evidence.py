@@ -41,7 +41,7 @@ from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry import metrics
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     FakeApi,
     claim,
     intel_device,
@@ -50,7 +50,7 @@ from tests.fakes.claim_harness import (
     ref,
     result,
 )
-from tests.fakes.damage import GARBAGE
+from fakes.damage import GARBAGE
 
 SHARES = 2
 

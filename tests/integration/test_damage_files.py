@@ -45,7 +45,7 @@ from dra_plugin.claims.devicemetadata import FILE_NAME as METADATA_FILE
 from dra_plugin.claims.devicemetadata import SUBDIR as METADATA_DIR
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     FakeApi,
     claim,
     intel_device,
@@ -55,11 +55,11 @@ from tests.fakes.claim_harness import (
     result,
     uid,
 )
-from tests.fakes.cluster import INTEL as INTEL_DRIVER
-from tests.fakes.cluster import Cluster, Daemon
-from tests.fakes.damage import DAMAGES, fingerprint
-from tests.fakes.kubelet import Plugin
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL as INTEL_DRIVER
+from fakes.cluster import Cluster, Daemon
+from fakes.damage import DAMAGES, fingerprint
+from fakes.kubelet import Plugin
+from fakes.simnode import CARDS, unavailable_reason
 
 INTEL = "gpu.intel.com"
 NVIDIA = "gpu.nvidia.com"

@@ -25,7 +25,7 @@ from dra_plugin.claims import devicemetadata as dm
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     FakeApi,
     claim,
@@ -37,7 +37,7 @@ from tests.fakes.claim_harness import (
     share_id,
     uid,
 )
-from tests.fakes.damage import fingerprint
+from fakes.damage import fingerprint
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 SHARES = 2

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, NVIDIA
+from fakes.simnode import unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The vendor interface is complete: a vendor that exists only in tests/ (tests/fakes/
+"""The vendor interface is complete: a vendor that exists only in tests/ (fakes/
 acme_vendor.py) runs through the real daemon end to end, with no file under dra_plugin/
 naming it: discovered, published, prepared to a CDI spec and unprepared, sampled for
 /metrics, and checked by doctor."""
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.acme_vendor import DRIVER, ROOT_ENV, write_cards
-from tests.fakes.cluster import ROOT, Cluster
+from fakes.acme_vendor import DRIVER, ROOT_ENV, write_cards
+from fakes.cluster import ROOT, Cluster
 from tests.integration.test_telemetry import _free_port, sampled
 
-MODULE = "tests.fakes.acme_vendor"
+MODULE = "fakes.acme_vendor"
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim, Plugin
+from fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

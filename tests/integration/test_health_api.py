@@ -13,7 +13,7 @@ import pytest
 from dra_plugin.devices import Device, Health, make_device
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.kubelet.healthservice import MAX_MESSAGE, cut_message
-from tests.fakes.kubelet import Kubelet, Plugin, get_info
+from fakes.kubelet import Kubelet, Plugin, get_info
 from tests.integration.test_server import Running
 
 DRIVER = "gpu.example.com"

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cluster import INTEL, Cluster
-from tests.fakes.kubelet import Plugin
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL, Cluster
+from fakes.kubelet import Plugin
+from fakes.simnode import CARDS, unavailable_reason
 from tests.integration.test_telemetry import Scrape, sampled, start
 
 pytestmark = pytest.mark.skipif(

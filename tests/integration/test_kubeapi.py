@@ -27,8 +27,8 @@ from dra_plugin.kubeapi import (
     WatchEvent,
 )
 from dra_plugin.slices.build import desired_slices
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.waits import async_wait_for, wait_for
+from fakes.apiserver import FakeAPIServer
+from fakes.waits import async_wait_for, wait_for
 
 FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02)
 REPO = Path(__file__).resolve().parents[2]
@@ -314,7 +314,7 @@ def test_subprocess_server_and_kubeconfig(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tests.fakes.apiserver",
+            "fakes.apiserver",
             "--port",
             "0",
             "--versions",

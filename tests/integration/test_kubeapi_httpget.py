@@ -22,8 +22,8 @@ from dra_plugin.kubeapi import (
     httpget,
     transport,
 )
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.cluster import allocated_claim
+from fakes.apiserver import FakeAPIServer
+from fakes.cluster import allocated_claim
 
 FAST = Timeouts(connect=1, read=2, read_attempts=3, backoff_initial=0.02)
 NODE = "mini-1"

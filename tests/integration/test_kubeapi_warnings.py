@@ -12,7 +12,7 @@ import pytest
 
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
 from dra_plugin.kubeapi.serverwarnings import server_warning_text
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 
 FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
 

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from dra_plugin.kubelet.health import HealthTracker
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.cluster import NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import KubeApi, Kubelet, PodFailed
-from tests.fakes.simnode import unavailable_reason
-from tests.fakes.waits import wait_for
+from fakes.apiserver import FakeAPIServer
+from fakes.cluster import NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import KubeApi, Kubelet, PodFailed
+from fakes.simnode import unavailable_reason
+from fakes.waits import wait_for
 from tests.integration.test_server import Running
 
 GPU = "gpu.example.com"

@@ -3,7 +3,7 @@ restart the instance is either in use by its claim (its spec is there) or destro
 kubelet's repeated call succeeds, and at the end no instance is left.
 
 The plugin processes run in a fresh interpreter that forks one child per process (real
-SIGKILL, no threads in the parent): tests/fakes/mig_crash.py.
+SIGKILL, no threads in the parent): fakes/mig_crash.py.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.mig_crash import PREPARE_STEPS, TARGET, UNPREPARE_STEPS
-from tests.fakes.nvml_lib import build_fake_nvml
+from fakes.mig_crash import PREPARE_STEPS, TARGET, UNPREPARE_STEPS
+from fakes.nvml_lib import build_fake_nvml
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLED = -signal.SIGKILL
@@ -41,7 +41,7 @@ def test_kill_at_every_step_ends_with_the_instance_in_use_or_destroyed(
     tmp_path: Path, step: str
 ) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.fakes.mig_crash", step, str(tmp_path)],
+        [sys.executable, "-m", "fakes.mig_crash", step, str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.mig import GiProfile
 from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
 from dra_plugin.vendors.nvidia.partitions import GpuPartitions, Placement, fits, partitions
-from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+from fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
 

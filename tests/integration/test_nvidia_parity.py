@@ -21,7 +21,7 @@ from dra_plugin.quantity import parse_quantity
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.vendors.nvidia.nvml import discover_nvidia
 from dra_plugin.vendors.nvidia.nvml.library import session
-from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+from fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia"
 DRIVER = "gpu.nvidia.com"

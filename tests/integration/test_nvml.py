@@ -1,6 +1,6 @@
 """NVIDIA discovery and health through the real pynvml ctypes path, against the C stand-in.
 
-The stand-in (tests/fakes/nvml/fake_nvml.c) is compiled once per source version and
+The stand-in (fakes/nvml/fake_nvml.c) is compiled once per source version and
 loaded from a fake driver root, exactly as a containerised driver would be. Its profile
 (FAKE_NVML_PROFILE) is read at every first nvmlInit, so tests switch GPUs by switching the
 environment; health events are lines appended to the FAKE_NVML_EVENTS file.
@@ -34,7 +34,7 @@ from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA
 from dra_plugin.vendors.nvidia.nvml import discover_nvidia
-from tests.fakes.nvml_lib import EVENTS_ENV, PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+from fakes.nvml_lib import EVENTS_ENV, PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 DRIVER = "gpu.nvidia.com"
 ROOT = Path(__file__).resolve().parents[2]

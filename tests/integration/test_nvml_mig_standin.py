@@ -18,7 +18,7 @@ import pytest
 
 from dra_plugin.vendors.nvidia import nvml
 from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
-from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+from fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 PROFILES = ["a100-40gb-mig-empty", "h100-80gb-mig-empty", "h200-mig-empty"]
 

@@ -14,7 +14,7 @@ from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, FORMAT_KIND, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     FakeApi,
     check_consistent,
     intel_device,

@@ -14,9 +14,9 @@ from dra_plugin.devices import Device, Health, Version, make_device
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts, WatchEvent
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
-from tests.fakes import apiserver
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.waits import async_wait_for
+from fakes import apiserver
+from fakes.apiserver import FakeAPIServer
+from fakes.waits import async_wait_for
 
 NODE = "mini-1"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"

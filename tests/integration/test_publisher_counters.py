@@ -11,7 +11,7 @@ import pytest
 from dra_plugin.devices import CounterSet, Device, make_device
 from dra_plugin.kubeapi import Obj
 from dra_plugin.telemetry import metrics
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 from tests.integration.test_publisher import (
     FAST,
     NODE,

@@ -9,8 +9,8 @@ import pytest
 
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.waits import async_wait_for
+from fakes.apiserver import FakeAPIServer
+from fakes.waits import async_wait_for
 from tests.integration.test_publisher import (
     INTEL,
     NODE,

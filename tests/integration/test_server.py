@@ -14,8 +14,8 @@ from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.devices import Health, make_device
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
-from tests.fakes.kubelet import Claim, Kubelet, RegistrationRejected, get_info
-from tests.fakes.waits import wait_for
+from fakes.kubelet import Claim, Kubelet, RegistrationRejected, get_info
+from fakes.waits import wait_for
 
 
 class ScriptedHandler:

@@ -18,10 +18,10 @@ from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.sampling.claimholders import ClaimHolders
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.apiserver import FakeAPIServer
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -428,7 +428,7 @@ def test_nvml_values_a_gpu_does_not_have_are_absent(
     from dra_plugin.sampling.sampler import Sampler
     from dra_plugin.vendors.nvidia.nvml import discover_nvidia
     from dra_plugin.vendors.nvidia.telemetry import NvmlReader
-    from tests.fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
+    from fakes.nvml_lib import PROFILE_ENV, build_fake_nvml, profile_path
 
     fake = build_fake_nvml()
     monkeypatch.setenv(PROFILE_ENV, str(profile_path(profile)))

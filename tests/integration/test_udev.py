@@ -1,6 +1,6 @@
 """Intel/DRM discovery and hotplug against the real libudev, fed by umockdev.
 
-Each test builds a simulated node (tests/fakes/simnode.py) and runs the discovery code
+Each test builds a simulated node (fakes/simnode.py) and runs the discovery code
 in a child process under the umockdev preload; uevents are sent from this process.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.host.udev import pcie_link_generation
-from tests.fakes.simnode import (
+from fakes.simnode import (
     CARDS,
     GiB,
     SimNode,

@@ -1,4 +1,4 @@
-"""A fault stays in its vendor: the test vendor Acme (tests/fakes/acme_vendor.py) raises
+"""A fault stays in its vendor: the test vendor Acme (fakes/acme_vendor.py) raises
 unexpected exceptions at start, at rescan, in its monitor and in its telemetry reader,
 through the real daemon, while Intel (the simulated node) keeps serving. Each fault is
 logged with the vendor's name, counted in dra_plugin_vendor_faults_total, and discovery is
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.acme_vendor import DRIVER, FAULT_FILE, RESCAN_FIFO, ROOT_ENV, write_cards
-from tests.fakes.cluster import INTEL, Cluster, Daemon
-from tests.fakes.simnode import CARDS
+from fakes.acme_vendor import DRIVER, FAULT_FILE, RESCAN_FIFO, ROOT_ENV, write_cards
+from fakes.cluster import INTEL, Cluster, Daemon
+from fakes.simnode import CARDS
 from tests.integration.test_telemetry import Scrape, _free_port
 
-MODULE = "tests.fakes.acme_vendor"
+MODULE = "fakes.acme_vendor"
 IGPU = CARDS["igpu"].name
 RETRY = 5 + 10 + 5  # the first backoff (5 s), a margin for a loaded machine
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from dra_plugin.quantity import parse_quantity
-from tests.fakes.cluster import NVIDIA, Cluster, allocated_claim
-from tests.fakes.kubelet import Claim
-from tests.fakes.simnode import CARDS, SimNode, unavailable_reason
+from fakes.cluster import NVIDIA, Cluster, allocated_claim
+from fakes.kubelet import Claim
+from fakes.simnode import CARDS, SimNode, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.fakes.simnode import SimNode, unavailable_reason
+from fakes.simnode import SimNode, unavailable_reason
 
 needs_umockdev = pytest.mark.skipif(
     unavailable_reason() is not None, reason=unavailable_reason() or ""

@@ -1,6 +1,6 @@
 """A simulated node whose kubelet is the kubelet judge, for tests that run the whole path.
 
-`JudgedNode(cluster, built)` starts judges/cmd/kubelet for a tests/fakes/cluster.Cluster
+`JudgedNode(cluster, built)` starts judges/cmd/kubelet for a fakes/cluster.Cluster
 (the real daemon as a subprocess, the fake API server); `pod_with_claims()` creates
 claims and a pod the way a user does and has the scheduler's allocator (judge 2)
 allocate and reserve them, so `kubelet.prepare(pod)` runs the path a real cluster runs.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.fakes.cluster import Cluster
+from fakes.cluster import Cluster
 from tests.judges import build
 from tests.judges.allocator import PodRef, allocate, claim, pod
 from tests.judges.apiclient import ApiClient
@@ -24,7 +24,7 @@ WIPE = ("deletecollection", "resourceslices")
 
 
 class JudgedNode:
-    """A simulated node (tests/fakes/cluster.Cluster: the real daemon, the fake API
+    """A simulated node (fakes/cluster.Cluster: the real daemon, the fake API
     server) with the kubelet judge playing its kubelet and an API client, for one test."""
 
     def __init__(self, cluster: Cluster, judges: build.Built, **kubelet: Any) -> None:

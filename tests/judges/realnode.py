@@ -6,7 +6,7 @@
   the kubelet's protobuf content type, started first, so its start-up slice wipe happens
   before the plugin publishes;
 - the real `dra-plugin run` as a subprocess on a simulated node (umockdev, NVML stand-in:
-  tests/fakes/cluster.Cluster's node without its fake API server), whose kube credentials
+  fakes/cluster.Cluster's node without its fake API server), whose kube credentials
   are the chart's ServiceAccount bound to a Pod on the node (chart_identity.plugin_access);
 - a namespace of its own for the test's claims and pods, which `pod_with_claims` creates
   as a user does and has the scheduler's allocator (judge 2) allocate and reserve.
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
-from tests.fakes.nvml_lib import build_fake_nvml
-from tests.fakes.simnode import SimNode
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.nvml_lib import build_fake_nvml
+from fakes.simnode import SimNode
 from tests.judges import build
 from tests.judges.allocator import FEATURES_1_37, PodRef, allocate, claim, device_class, pod
 from tests.judges.apiclient import ApiClient
@@ -36,7 +36,7 @@ Obj = dict[str, Any]
 
 
 class RealCluster(Cluster):
-    """tests/fakes/cluster.Cluster's node (sockets, umockdev, NVML stand-in, daemons) with
+    """fakes/cluster.Cluster's node (sockets, umockdev, NVML stand-in, daemons) with
     the real API server in place of the fake: the daemon's kubeconfig is the plugin's."""
 
     def __init__(

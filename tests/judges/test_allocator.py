@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
-from tests.fakes.kubelet import Claim, Plugin
-from tests.fakes.migworld import stand_in_env
-from tests.fakes.simnode import CARDS, unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.kubelet import Claim, Plugin
+from fakes.migworld import stand_in_env
+from fakes.simnode import CARDS, unavailable_reason
 from tests.judges import build
 from tests.judges.allocator import (
     FEATURES_1_35,

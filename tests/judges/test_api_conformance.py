@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.fakes.apiserver import FakeAPIServer
+from fakes.apiserver import FakeAPIServer
 from tests.judges import apiserver
 from tests.judges.apiserver import ApiServer, Response, ServerFactory, http_request
 from tests.judges.slice_cases import CASES, Accepted, Case, Obj, Rejected, expected_spec

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.waits import wait_for
+from fakes.waits import wait_for
 from tests.judges import apiserver
 
 ROOT = Path(__file__).resolve().parents[2]

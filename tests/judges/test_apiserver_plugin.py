@@ -22,8 +22,8 @@ from dra_plugin.devices import CounterSet, Device, Health, Version, make_device
 from dra_plugin.kubeapi import ForbiddenError, InvalidError, KubeAPI, Obj, Timeouts, WatchEvent
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
-from tests.fakes.claim_harness import intel_device
-from tests.fakes.waits import async_wait_for
+from fakes.claim_harness import intel_device
+from fakes.waits import async_wait_for
 from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
 from tests.judges.apiserver import ApiServer
 from tests.judges.chart_identity import PluginAccess

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from dra_plugin.claims.metadatastream import read_stream
-from tests.fakes.cluster import INTEL, NVIDIA
-from tests.fakes.migworld import stand_in_env
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, NVIDIA
+from fakes.migworld import stand_in_env
+from fakes.simnode import unavailable_reason
 from tests.judges import build
 from tests.judges.allocator import FEATURES_1_35, AllocationFailed, exactly
 from tests.judges.apiserver import ApiServer, ServerFactory

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
-from tests.fakes.simnode import unavailable_reason
+from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.simnode import unavailable_reason
 from tests.judges import build
 from tests.judges.allocator import allocate, claim, device_class, exactly, first_available, pod
 from tests.judges.apiclient import ApiClient

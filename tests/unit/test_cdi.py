@@ -15,7 +15,7 @@ from dra_plugin.cdi import rules as cdispec
 from dra_plugin.config import parse
 from dra_plugin.devices import DeviceNode, make_device
 from dra_plugin.vendors.nvidia import cdi as nv_cdi
-from tests.fakes.claim_harness import intel_device, nvidia_device, uid
+from fakes.claim_harness import intel_device, nvidia_device, uid
 
 DRIVER = "gpu.intel.com"
 UID_LETTER = "a1b2c3d4-0000-4000-8000-000000000001"

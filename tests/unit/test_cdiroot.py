@@ -16,7 +16,7 @@ from dra_plugin.findings.findings import Status
 from dra_plugin.host import containerd
 from dra_plugin.host.hostview import Host
 from dra_plugin.telemetry import metrics
-from tests.fakes.hostroot import HostRoot, host_root
+from fakes.hostroot import HostRoot, host_root
 
 
 @pytest.fixture

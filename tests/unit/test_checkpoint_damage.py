@@ -18,7 +18,7 @@ from dra_plugin.checkpoint import journal, snapshot
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.telemetry import metrics
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     FakeApi,
     claim,
     intel_device,

@@ -33,8 +33,8 @@ from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, ConfigSource
-from tests.fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
-from tests.fakes.claim_harness import preparer as harness_preparer
+from fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
+from fakes.claim_harness import preparer as harness_preparer
 
 DEVICES = [intel_device(i) for i in range(3)]
 D0, D1, D2 = (d.name for d in DEVICES)

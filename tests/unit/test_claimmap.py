@@ -24,7 +24,7 @@ from dra_plugin.checkpoint.snapshot import (
     State,
 )
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
+from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
 
 DEVICES = [intel_device(i) for i in range(3)]
 

@@ -21,7 +21,7 @@ from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
 from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice
 from dra_plugin.kubeapi import UnavailableError
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,

@@ -12,7 +12,7 @@ import pytest
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.host import files as durable
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     FakeApi,
     check_consistent,
     claim,

@@ -18,8 +18,8 @@ from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.host.files import PRIVATE_DIR_MODE, SHARED_DIR_MODE, make_dir
 from dra_plugin.kubelet import server
-from tests.fakes import fsfaults
-from tests.fakes.claim_harness import (
+from fakes import fsfaults
+from fakes.claim_harness import (
     DRIVER,
     FakeApi,
     check_consistent,

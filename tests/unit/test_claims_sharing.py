@@ -15,7 +15,7 @@ from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord
 from dra_plugin.claims.claims import PreparedDevice
 from dra_plugin.sharing import Sharing
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,

@@ -8,7 +8,7 @@ from typing import Any
 
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, device_data, status_entries
-from tests.fakes.claim_harness import NODE, intel_device, nvidia_device
+from fakes.claim_harness import NODE, intel_device, nvidia_device
 
 NOW = "2026-01-02T03:04:05Z"
 SHARE = "0f5c3b0e-8a8a-4d7e-9a55-0d7f7c1f0003"

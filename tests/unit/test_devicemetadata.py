@@ -27,7 +27,7 @@ from dra_plugin.claims import devicemetadata as dm
 from dra_plugin.claims import metadatastream
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice
 from dra_plugin.devices import PCI_BUS_ID, make_device
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,

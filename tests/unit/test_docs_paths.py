@@ -1,6 +1,6 @@
 """Docs stay true: every `.py` file a docstring or comment in dra_plugin/ names, and every
 one docs/architecture.md names, exists. A bare name (`claims.py`) is looked up anywhere in
-the package; a path (`nvml/events.py`, `tests/fakes/acme_vendor.py`) relative to dra_plugin/,
+the package; a path (`nvml/events.py`, `fakes/acme_vendor.py`) relative to dra_plugin/,
 to the repository, or as the tail of a package path."""
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def test_the_check_catches_a_stale_name() -> None:
     """The names this issue found stale, in a docstring and a comment: both are reported,
     while real names (bare, package-relative, repository-relative) pass."""
     source = (
-        '"""See `claimcontract.py`, claims/claims.py and tests/fakes/acme_vendor.py."""\n'
+        '"""See `claimcontract.py`, claims/claims.py and fakes/acme_vendor.py."""\n'
         "# rules live in slicerules.py and kubelet/store.py; nvml/events.py is real\n"
         "x = 'gpuhealth.py'  # a string, not prose: not checked\n"
     )

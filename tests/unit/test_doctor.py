@@ -1,4 +1,4 @@
-"""doctor: every check against fake node trees (tests/fakes/hostroot.py), passing and failing."""
+"""doctor: every check against fake node trees (fakes/hostroot.py), passing and failing."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES
 from dra_plugin.vendors.nvidia.model import NVIDIA
 from dra_plugin.vendors.nvidia.vendor import NvidiaDriver
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.hostroot import HostRoot, can_mknod, host_root
-from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
+from fakes.apiserver import FakeAPIServer
+from fakes.hostroot import HostRoot, can_mknod, host_root
+from fakes.nvml_lib import PROFILE_ENV, FakeNvml, build_fake_nvml, profile_path
 
 needs_mknod = pytest.mark.skipif(not can_mknod(), reason="device nodes need root (os.mknod)")
 
@@ -581,7 +581,7 @@ def test_nvml_not_needed_without_nvidia(host: HostRoot) -> None:
     assert only(run(host, vendors=(INTEL,)), "nvml") == []
 
 
-# --- nvml: the real pynvml path loading the C stand-in (tests/fakes/nvml_lib.py) -------------
+# --- nvml: the real pynvml path loading the C stand-in (fakes/nvml_lib.py) -------------
 
 
 @pytest.fixture(scope="module")

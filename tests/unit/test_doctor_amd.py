@@ -1,4 +1,4 @@
-"""doctor's AMD checks against fake host trees (tests/fakes/hostroot.py)."""
+"""doctor's AMD checks against fake host trees (fakes/hostroot.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from dra_plugin.doctor import report as doctor
 from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.vendors.amd.ids import AMD
 from dra_plugin.vendors.intel.ids import INTEL
-from tests.fakes import amdsim
-from tests.fakes.hostroot import HostRoot, can_mknod, host_root
-from tests.fakes.simnode import CARDS
+from fakes import amdsim
+from fakes.hostroot import HostRoot, can_mknod, host_root
+from fakes.simnode import CARDS
 
 pytestmark = pytest.mark.skipif(not can_mknod(), reason="device nodes need root (mknod)")
 
@@ -100,7 +100,7 @@ def test_mi300x_accelerator_class_is_seen(host: HostRoot) -> None:
 
 
 def _capture_gpu(host: HostRoot, key: str, compute: str = "CPX") -> None:
-    """A GPU of a capture node (tests/fakes/amdcaptures.py) with its KFD topology."""
+    """A GPU of a capture node (fakes/amdcaptures.py) with its KFD topology."""
     card = CARDS[key]
     assert card.amd is not None and card.card is not None
     dev = host.pci_gpu(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes.hostroot import HostRoot, host_root
+from fakes.hostroot import HostRoot, host_root
 
 ROOT = Path(__file__).resolve().parents[2]
 

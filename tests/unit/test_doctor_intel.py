@@ -11,7 +11,7 @@ import pytest
 from dra_plugin.doctor import report as doctor
 from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.vendors.intel.ids import INTEL
-from tests.fakes.hostroot import HostRoot, host_root
+from fakes.hostroot import HostRoot, host_root
 
 IGPU, DGPU = "0000:00:02.0", "0000:03:00.0"
 # The heads of the files as the kernel writes them (facts from i915_gpu_error.c and

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.apiserver import FakeAPIServer, validate_slice
+from fakes.apiserver import FakeAPIServer, validate_slice
 
 Obj = dict[str, Any]
 DRIVER = "gpu.example.com"

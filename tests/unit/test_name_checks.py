@@ -17,7 +17,7 @@ from dra_plugin.cdi.rules import valid_device_name
 from dra_plugin.claims.contract import ClaimRef, check_ref
 from dra_plugin.devices import is_dns_label, is_dns_subdomain
 from dra_plugin.sharing import is_share_id
-from tests.fakes.claim_harness import FakeApi, claim, intel_device, preparer, ref, result, uid
+from fakes.claim_harness import FakeApi, claim, intel_device, preparer, ref, result, uid
 
 BAD = {
     "trailing newline": "gpu\n",

@@ -12,7 +12,7 @@ import pytest
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME, LOCK_NAME
 from dra_plugin.claims import devicemetadata as dm
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     FakeApi,
     check_consistent,
@@ -23,7 +23,7 @@ from tests.fakes.claim_harness import (
     result,
     uid,
 )
-from tests.fakes.damage import fingerprint
+from fakes.damage import fingerprint
 
 DEVICES = [intel_device(i) for i in range(2)]
 D0, D1 = DEVICES[0].name, DEVICES[1].name

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import claims as cdi
-from tests.fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
+from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
 
 DEVICES = [intel_device(i) for i in range(4)]
 

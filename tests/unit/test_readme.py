@@ -16,7 +16,7 @@ from dra_plugin.doctor import cdiroot
 from dra_plugin.findings.findings import Status
 from dra_plugin.kubeapi.discovery import RESOURCE_VERSIONS
 from dra_plugin.vendors import registry
-from tests.fakes.hostroot import host_root
+from fakes.hostroot import host_root
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -22,7 +22,7 @@ from dra_plugin.slices import rules
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.slices.rules import SliceValidationError, flat_device
 from dra_plugin.slices.sync import content_key, plan_sync
-from tests.fakes import apiserver
+from fakes import apiserver
 
 Obj = dict[str, Any]
 

@@ -25,7 +25,7 @@ from dra_plugin.slices.build import (
     strip_taints,
     validate_slice,
 )
-from tests.fakes import apiserver
+from fakes import apiserver
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"

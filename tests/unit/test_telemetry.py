@@ -15,7 +15,7 @@ from dra_plugin.telemetry import catalogue as t
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.intel.telemetry import DeviceGone, IntelSysfsReader
-from tests.fakes.gpusysfs import write_telemetry
+from fakes.gpusysfs import write_telemetry
 
 PCI = "0000:03:00.0"
 

@@ -3,7 +3,7 @@
 A fixed sleep used to synchronize passes too early on a slow machine, and a "nothing
 happened" assertion after one proves nothing. A sleep that is itself under test (a slow
 fake, a rate measured over a window) stays, marked `# sleep-ok: <reason>` on its line;
-waiting goes through tests/fakes/waits.py."""
+waiting goes through fakes/waits.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def bare_sleeps(root: Path) -> list[str]:
 def test_no_bare_sleep_in_integration_tests() -> None:
     found = bare_sleeps(INTEGRATION)
     assert not found, (
-        "wait on a condition (tests/fakes/waits.py) instead of sleeping, or mark a sleep "
+        "wait on a condition (fakes/waits.py) instead of sleeping, or mark a sleep "
         "that is part of what is tested with '# sleep-ok: <reason>':\n" + "\n".join(found)
     )
 

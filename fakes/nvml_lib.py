@@ -1,4 +1,4 @@
-"""Build the NVML stand-in (tests/fakes/nvml/fake_nvml.c) into a fake driver root.
+"""Build the NVML stand-in (fakes/nvml/fake_nvml.c) into a fake driver root.
 
 The library lands at `<build>/<hash>/root/usr/lib64/libnvidia-ml.so.1`, where the hash
 covers the C source and compiler flags: a changed source gets a fresh directory, an
@@ -47,7 +47,7 @@ class FakeNvml:
 
 
 def profile_path(name: str) -> Path:
-    """'datacenter' -> tests/fakes/nvml/profiles/datacenter.conf (must exist)."""
+    """'datacenter' -> fakes/nvml/profiles/datacenter.conf (must exist)."""
     path = PROFILES / f"{name}.conf"
     if not path.is_file():
         raise FileNotFoundError(f"no fake NVML profile {name!r} at {path}")

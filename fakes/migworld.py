@@ -20,8 +20,8 @@ from dra_plugin.devices import Device
 from dra_plugin.vendors.base import as_driver
 from dra_plugin.vendors.nvidia.ondemand import MigMaker
 from dra_plugin.vendors.nvidia.vendor import NvidiaDriver
-from tests.fakes.claim_harness import NODE, FakeApi, claim, result
-from tests.fakes.nvml_lib import PROFILE_ENV, FakeNvml, profile_path
+from fakes.claim_harness import NODE, FakeApi, claim, result
+from fakes.nvml_lib import PROFILE_ENV, FakeNvml, profile_path
 
 DRIVER = "gpu.nvidia.com"
 

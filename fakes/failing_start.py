@@ -1,4 +1,4 @@
-"""`python -m tests.fakes.failing_start STEP REPORT ARGS...`: the real `dra-plugin` entry
+"""`python -m fakes.failing_start STEP REPORT ARGS...`: the real `dra-plugin` entry
 point, with start-up made to fail right after STEP (one of dra_plugin.daemon.STEPS). On the
 way out it writes to REPORT what the process still holds: threads, socket file descriptors
 (the API client's connections, listeners, netlink), compared with before start-up."""

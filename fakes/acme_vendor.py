@@ -2,7 +2,7 @@
 directory of its own (one subdirectory per card: `model`, `minor`, `busy`).
 
 It implements the vendor interface (dra_plugin.vendors.base) and nothing under
-dra_plugin/ knows it. `python -m tests.fakes.acme_vendor ARGS` registers it and runs the
+dra_plugin/ knows it. `python -m fakes.acme_vendor ARGS` registers it and runs the
 real `dra-plugin` entry point, as a downstream build would.
 """
 

@@ -3,7 +3,7 @@
 `unshare -rm` (user + mount namespace, no privileges needed) lets a child process see a
 read-only bind mount of the CDI dir (EROFS) or a tiny tmpfs as the state dir (ENOSPC),
 exactly as the kernel reports them; the parent's view of the files is unchanged. The
-child runs `python -m tests.fakes.fsfaults SCENARIO ROOT` and prints a JSON report.
+child runs `python -m fakes.fsfaults SCENARIO ROOT` and prints a JSON report.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import State
-from tests.fakes.claim_harness import (
+from fakes.claim_harness import (
     DRIVER,
     FakeApi,
     check_consistent,
@@ -45,7 +45,7 @@ def namespaces_work() -> bool:
 
 def run_child(setup: str, scenario: str, root: Path) -> dict[str, Any]:
     """`setup` (shell, inside the namespace: mounts) then the scenario; its report."""
-    cmd = f"{setup} && exec {shlex.quote(sys.executable)} -m tests.fakes.fsfaults {scenario} {root}"
+    cmd = f"{setup} && exec {shlex.quote(sys.executable)} -m fakes.fsfaults {scenario} {root}"
     proc = subprocess.run(
         ["unshare", "-rm", "sh", "-c", cmd],
         cwd=REPO,

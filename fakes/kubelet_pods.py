@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.fakes.kubelet import Plugin
-    from tests.fakes.kubelet_slices import KubeApi
+    from fakes.kubelet import Plugin
+    from fakes.kubelet_slices import KubeApi
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 

@@ -1,6 +1,6 @@
 """Claims under test: fake devices and claims, an in-memory API, and a crash harness.
 
-`python -m tests.fakes.claim_harness ROUNDS SEED WORKDIR` runs crash rounds in ONE fresh
+`python -m fakes.claim_harness ROUNDS SEED WORKDIR` runs crash rounds in ONE fresh
 interpreter (no threads in the parent), forking one child per plugin "process". Each child
 is a fresh process that (1) starts up (recovery), (2) repeats the kubelet call its killed
 predecessor was making and reports the result and the on-disk state, then (3) makes the next

@@ -42,8 +42,8 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from tests.fakes.kubelet_pods import Claim, PodClaims, PodFailed
-from tests.fakes.kubelet_slices import WIPING_DELAY, KubeApi, SliceWiper
+from fakes.kubelet_pods import Claim, PodClaims, PodFailed
+from fakes.kubelet_slices import WIPING_DELAY, KubeApi, SliceWiper
 
 __all__ = ["Claim", "KubeApi", "Kubelet", "Plugin", "PodFailed", "RegistrationRejected"]
 

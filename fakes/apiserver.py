@@ -17,7 +17,7 @@ In-process:
         srv.add_node("node-1")
         api = KubeAPI.from_url(srv.url)
 As a subprocess:
-    python -m tests.fakes.apiserver --port 8081 --versions v1,v1beta1 --node node-1
+    python -m fakes.apiserver --port 8081 --versions v1,v1beta1 --node node-1
 (prints "listening on http://127.0.0.1:8081" once ready; stops on SIGTERM/SIGINT).
 """
 
@@ -43,8 +43,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.fakes import apiserver_objects, claim_status_rules, slice_strategy
-from tests.fakes.apiserver_objects import status_body
+from fakes import apiserver_objects, claim_status_rules, slice_strategy
+from fakes.apiserver_objects import status_body
 
 Obj = dict[str, Any]
 GROUP = "resource.k8s.io"

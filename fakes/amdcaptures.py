@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tests.fakes.amdsim import AmdBoard
+from fakes.amdsim import AmdBoard
 
 GiB = 1 << 30
 

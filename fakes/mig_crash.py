@@ -1,7 +1,7 @@
 """kill -9 while a MIG instance is made or destroyed on demand: the plugin processes of
 tests/integration/test_mig_on_demand_crash.py.
 
-`python -m tests.fakes.mig_crash STEP WORKDIR` runs, in one fresh interpreter (no threads
+`python -m fakes.mig_crash STEP WORKDIR` runs, in one fresh interpreter (no threads
 in the parent, so forking is safe), four plugin "processes", each a forked child: prepare
 killed at STEP (when it is a prepare step), a restart and the kubelet's repeated prepare,
 unprepare killed at STEP (when it is an unprepare step), a restart and the repeated
@@ -56,7 +56,7 @@ def forked(fn: Callable[[], Any]) -> tuple[int, Any]:
 def main(argv: list[str]) -> int:
     step, root = argv[0], Path(argv[1])
     # The stand-in reads its environment at the first nvmlInit: set before anything loads.
-    from tests.fakes.migworld import stand_in_env
+    from fakes.migworld import stand_in_env
 
     (root / "proc").mkdir(parents=True, exist_ok=True)
     (root / "proc/devices").write_text("Character devices:\n195 nvidia\n508 nvidia-caps\n")
@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
 
     from dra_plugin.vendors.nvidia.nvml.library import session
     from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
-    from tests.fakes.claim_harness import FakeApi, ref
-    from tests.fakes.migworld import MigNode, placement_claim
-    from tests.fakes.nvml_lib import build_fake_nvml
+    from fakes.claim_harness import FakeApi, ref
+    from fakes.migworld import MigNode, placement_claim
+    from fakes.nvml_lib import build_fake_nvml
 
     fake = build_fake_nvml()
     obj = placement_claim(1, TARGET)

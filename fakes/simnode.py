@@ -6,7 +6,7 @@ UMOCKDEV_DIR points the preload library at the testbed and LD_PRELOAD loads
 libumockdev-preload, which redirects /sys and /dev accesses and turns the netlink
 uevent socket into a unix socket in the testbed. The test process itself is NOT
 preloaded (pytest runs plainly), so discovery runs in a child:
-`python -m tests.fakes.simnode discover|list-pci|monitor` (see `main`).
+`python -m fakes.simnode discover|list-pci|monitor` (see `main`).
 
 uevents are sent from the test process by `send_uevent`, which writes the libudev
 wire format to every listener socket the preload created. umockdev's own
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tests.fakes import amdcaptures, amdsim
-from tests.fakes.amdsim import AmdBoard
-from tests.fakes.gpusysfs import telemetry_path, write_telemetry
+from fakes import amdcaptures, amdsim
+from fakes.amdsim import AmdBoard
+from fakes.gpusysfs import telemetry_path, write_telemetry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GiB = 1 << 30
@@ -104,7 +104,7 @@ class SimCard:
     vfs: tuple[str, ...] = ()  # VF addresses (virtfnN links), PF side
     physfn: str | None = None  # PF address, VF side
     by_path: bool = True
-    amd: AmdBoard | None = None  # what amdgpu adds (tests/fakes/amdsim.py)
+    amd: AmdBoard | None = None  # what amdgpu adds (fakes/amdsim.py)
     iommu_group: str | None = None  # <pci>/iommu_group -> .../kernel/iommu_groups/<G>
     vfio_cdev: str | None = None  # iommufd cdev (vfio-dev/vfioN) while VFIO-bound
     cpu_nodes: tuple[dict[str, int], ...] = ()  # the KFD topology's CPU nodes (default: one)
@@ -212,7 +212,7 @@ CARDS: dict[str, SimCard] = {
             link=_GEN4_X16, iommu_group="30", vfio_cdev="vfio1",
         ),
         # Radeon RX 7900 XTX (Navi 31), 24 GiB, no partitions. (Its on-board PCIe switch is
-        # in doctor's fixture, tests/fakes/hostroot.py: here bus 08 is the NVIDIA card's.)
+        # in doctor's fixture, fakes/hostroot.py: here bus 08 is the NVIDIA card's.)
         SimCard(
             "amd", "0000:09:00.0", "0x744c", "amdgpu", vendor_id="0x1002",
             bridges=("0000:00:07.0",), card=8, link=_GEN4_X16,
@@ -240,7 +240,7 @@ CARDS: dict[str, SimCard] = {
     )
 }  # fmt: skip
 
-# Real Instinct nodes in CPX mode (tests/fakes/amdcaptures.py): one card per GPU.
+# Real Instinct nodes in CPX mode (fakes/amdcaptures.py): one card per GPU.
 for _capture in amdcaptures.CAPTURES.values():
     CARDS.update((kw["key"], SimCard(**kw)) for kw in amdcaptures.cards(_capture))
 
@@ -710,9 +710,9 @@ class SimNode:
 
     # --- running code against the node ---
     def run(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-        """`python -m tests.fakes.simnode ARGS` under the preload, seeing this node."""
+        """`python -m fakes.simnode ARGS` under the preload, seeing this node."""
         return subprocess.run(
-            [sys.executable, "-m", "tests.fakes.simnode", *args],
+            [sys.executable, "-m", "fakes.simnode", *args],
             env=self.env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
 
@@ -760,7 +760,7 @@ class MonitorChild:
         control = [udev_control] if udev_control is not None else []
         mode = "events" if events else "monitor"
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.fakes.simnode", mode, str(debounce_seconds),
+            [sys.executable, "-m", "fakes.simnode", mode, str(debounce_seconds),
              *control],
             env=node.env(), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,

@@ -15,7 +15,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tests.fakes.apiserver import FakeAPIServer
+    from fakes.apiserver import FakeAPIServer
 
 Obj = dict[str, Any]
 _PODS_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")

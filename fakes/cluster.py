@@ -24,11 +24,11 @@ from typing import Any
 
 import grpc
 
-from tests.fakes import waits
-from tests.fakes.apiserver import FakeAPIServer
-from tests.fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
-from tests.fakes.nvml_lib import build_fake_nvml
-from tests.fakes.simnode import SimNode
+from fakes import waits
+from fakes.apiserver import FakeAPIServer
+from fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
+from fakes.nvml_lib import build_fake_nvml
+from fakes.simnode import SimNode
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEL = "gpu.intel.com"
