@@ -56,9 +56,9 @@ class MigNode:
         self.driver = base.rebound(
             replace(base.settings, mig_partitions=True, driver_root=fake.driver_root)
         )
-        maker = self.driver.on_demand(root / "state", boot, root)  # root/proc: the fake /proc
-        assert maker is not None
-        self.maker: MigMaker = maker
+        steps = self.driver.on_demand(root / "state", boot, root)  # root/proc: the fake /proc
+        assert steps is not None and self.driver.maker is not None
+        self.maker: MigMaker = self.driver.maker
         self.root = root
         self.devices: dict[str, Device] = {}
         self.rescan()
@@ -71,7 +71,7 @@ class MigNode:
             fetch_claim=api.get_claim,
             devices=lambda: self.devices,
             boot_id=lambda: boot,
-            on_demand=maker,
+            on_demand=steps,
             **kw,
         )
 

@@ -20,11 +20,13 @@ from dra_plugin.vendors.base import (
     DrmScan,
     Monitor,
     MonitorHooks,
+    OnDemand,
     TelemetryReader,
     Vendor,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext
 from dra_plugin.vendors.nvidia import cdi, nvml, vfio
+from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
@@ -112,14 +114,16 @@ class NvidiaDriver(Driver):
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         return cdi.claim_edits(devices, plan)
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> MigMaker | None:
-        if not self.settings.mig_partitions:
-            return None
-        # The capability files are the host's /proc (the same through any procfs mount).
-        self.maker = MigMaker(
-            self.driver_name, self.settings.driver_root, state_dir, boot_id, host_root / "proc"
-        )
-        return self.maker
+    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> ClaimSteps | None:
+        # Each per-claim step (claimsteps.py) in the order it runs at prepare.
+        steps: list[OnDemand] = []
+        if self.settings.mig_partitions:
+            # The capability files are the host's /proc (the same through any procfs mount).
+            self.maker = MigMaker(
+                self.driver_name, self.settings.driver_root, state_dir, boot_id, host_root / "proc"
+            )
+            steps.append(self.maker)
+        return ClaimSteps(steps) if steps else None
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         if self.maker is not None:  # made and destroyed instances: health follows

@@ -1,0 +1,80 @@
+"""The NVIDIA driver's per-claim steps as one `OnDemand` hook: MIG instances made on
+demand, and the sharing a claim's config asks for, each a step of its own.
+
+The core knows one hook per driver (vendors.base.OnDemand). NVIDIA has several things to
+do to a GPU when a claim is prepared and to undo when it is unprepared, so they run here
+in a fixed order: `make` in the order given (a later step sees the devices and the vendor
+entries the earlier ones returned), `release` in reverse, `reconcile` for each. A step
+that fails undoes its own part (the OnDemand contract); the steps before it are released
+here, so a failed `make` leaves nothing behind.
+
+Each step keeps its state under its own key of the device's vendor entry; the entries the
+steps return are merged key by key, never replaced whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dra_plugin.devices import Device
+from dra_plugin.vendors.base import Made, MakeError, OnDemand
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+
+ENTRY_VERSION = 1  # the "v" of the NVIDIA vendor entry
+
+
+def merged(old: VendorEntry | None, new: VendorEntry) -> VendorEntry:
+    """`old` with the keys of `new` laid over it; the result always carries a "v"."""
+    out: dict[str, Any] = {"v": ENTRY_VERSION, **(old or {})}
+    out.update(new)
+    return out
+
+
+def _recorded(claim: ClaimContext, device: str) -> VendorEntry | None:
+    d = claim.device(device)
+    return d.vendor if d is not None else None
+
+
+class ClaimSteps:
+    """Runs `steps` as one OnDemand hook (see the module docstring)."""
+
+    def __init__(self, steps: Sequence[OnDemand]) -> None:
+        self.steps = tuple(steps)
+
+    def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
+        entries: dict[str, VendorEntry] = {}
+        done: list[OnDemand] = []
+        current = list(devices)
+        for step in self.steps:
+            seen = claim.with_vendor(entries)
+            try:
+                made = step.make(seen, current)
+            except MakeError:
+                self._release(done, claim)
+                raise
+            done.append(step)
+            current = list(made.devices)
+            for name, entry in made.vendor.items():
+                entries[name] = merged(entries.get(name) or _recorded(claim, name), entry)
+        return Made(current, entries)
+
+    def _release(self, steps: Sequence[OnDemand], claim: ClaimContext) -> None:
+        # Undo what the earlier steps did for a make that failed later; a release that
+        # fails too leaves the claim `started`, settled by the next pass or start.
+        for step in reversed(steps):
+            step.release(claim)
+
+    def release(self, claim: ClaimContext) -> None:
+        errors: list[str] = []
+        for step in reversed(self.steps):
+            try:
+                step.release(claim)
+            except MakeError as exc:  # the others still undo their part
+                errors.append(str(exc))
+        if errors:
+            raise MakeError("; ".join(errors))
+
+    def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
+        for step in self.steps:
+            step.reconcile(held)
