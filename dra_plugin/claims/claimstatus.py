@@ -34,6 +34,7 @@ from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
 from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import ShareCondition
+from dra_plugin.vendors.claimcontext import VendorEntry
 
 log = logging.getLogger(__name__)
 QUIET_SECONDS = 0.05  # how long no prepare must run before status writes start
@@ -42,10 +43,10 @@ WRITE_CONCURRENCY = 2  # each write holds a worker thread; prepare needs them mo
 READY_REASON = "Prepared"
 SHARE_LIMITS = "ShareLimits"  # the condition a share gets: its consumed capacity enforced?
 Entry = dict[str, Any]
-ShareConditions = Callable[[Device], ShareCondition | None]
+ShareConditions = Callable[[Device, VendorEntry | None], ShareCondition | None]
 
 
-def _no_share_condition(device: Device) -> ShareCondition | None:
+def _no_share_condition(device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
     return None
 
 
@@ -104,7 +105,7 @@ def status_entries(
             }
         ]
         device = devices.get(d.device_name)
-        said = share_condition(device) if d.share_id and device is not None else None
+        said = share_condition(device, d.vendor) if d.share_id and device is not None else None
         if said is not None:
             entry["conditions"].append(
                 {

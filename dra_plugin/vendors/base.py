@@ -288,8 +288,8 @@ class Driver(ABC):
         """This driver's node checks."""
         return []
 
-    def share_condition(self, device: Device) -> ShareCondition | None:
-        return None  # what a prepared share of `device` is told in its claim's status
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        return None  # what a share of `device` (its vendor entry) is told in its claim status
 
     def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
         """What makes this driver's devices on demand, keeping its own record in

@@ -140,7 +140,12 @@ def test_shares_get_disjoint_masks_sized_to_their_compute_units(cluster: Cluster
     cluster.wait_for("share conditions", lambda: len(conditions(cluster, "a")) == 2)
     (limits,) = [c for c in conditions(cluster, "a") if c["type"] == "ShareLimits"]
     assert (limits["status"], limits["reason"]) == ("True", "ComputeUnitMask")
+    assert "compute units 0-23 (24 of 96)" in limits["message"], limits
     assert "HSA_CU_MASK" in limits["message"] and "memory" in limits["message"]
+    # The share without compute units says it is accounting only.
+    cluster.wait_for("plain's status", lambda: len(conditions(cluster, "plain")) == 2)
+    (plain,) = [c for c in conditions(cluster, "plain") if c["type"] == "ShareLimits"]
+    assert (plain["status"], plain["reason"]) == ("False", "AccountingOnly")
 
     # A restart keeps every range: the record answers the repeated prepares, and the
     # next share is placed after them.

@@ -231,11 +231,12 @@ def test_share_conditions_are_valid_status_and_say_what_holds_a_share() -> None:
     amd = amd_driver()
     intel = IntelVendor().configure(defaults(IntelVendor().options()))
     navi = gpu()
+    entry = {"v": 1, "cu": [[0, 11]], "units": 12}
     for driver, enforced in ((amd, True), (intel, False)):
         entries = status_entries(
             driver.driver_name,
             [
-                PreparedDevice(("gpu",), NODE, navi.name, ("x",), share_id=SHARE),
+                PreparedDevice(("gpu",), NODE, navi.name, ("x",), share_id=SHARE, vendor=entry),
                 PreparedDevice(("whole",), NODE, navi.name, ("x",)),
             ],
             {navi.name: navi},
@@ -260,6 +261,10 @@ def test_share_conditions_are_valid_status_and_say_what_holds_a_share() -> None:
             "devices": entries,
         }  # fmt: skip
         assert validate_status_devices(status) == []
-    # An AMD GPU without compute units to divide is accounting only, and says so.
-    plain = amd.share_condition(gpu(cus=None))
-    assert plain is not None and (plain.enforced, plain.reason) == (False, "AccountingOnly")
+    said = amd.share_condition(navi, entry)
+    assert said is not None and "compute units 0-11 (12 of 96)" in said.message
+    # An AMD share without recorded compute units (none booked, or none to divide) is
+    # accounting only, and says so.
+    for device, vendor in ((navi, None), (gpu(cus=None), entry)):
+        plain = amd.share_condition(device, vendor)
+        assert plain is not None and (plain.enforced, plain.reason) == (False, "AccountingOnly")

@@ -44,7 +44,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
-from dra_plugin.vendors.claimcontext import ClaimContext
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 log = logging.getLogger(__name__)
 
@@ -188,20 +188,24 @@ class AmdDriver(Driver):
     def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
         return CuBook(state_dir) if self.sharing is not None else None
 
-    def share_condition(self, device: Device) -> ShareCondition | None:
-        if device.caps.get(cumask.CAPACITY) is None or vfio.is_vfio_device(device):
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        total = device.caps.get(cumask.CAPACITY, 0)
+        ranges = recorded_ranges(vendor, total)
+        if ranges is None:
             return ShareCondition(
                 False,
                 "AccountingOnly",
-                "this share is booked by the scheduler only: the GPU publishes no compute "
-                "units to divide, so its processes can use all of it",
+                f"this share booked no compute units ({cumask.CAPACITY}: the GPU publishes "
+                "none to divide, or the claim was allocated from a slice without them), so "
+                f"it has no {cumask.ENV} and its processes can use all of the GPU",
             )
+        units = len(cumask.units(ranges))
         return ShareCondition(
             True,
             "ComputeUnitMask",
-            f"the compute units this share booked ({cumask.CAPACITY}) are the only ones its "
-            f"containers' ROCm runtime uses: {cumask.ENV} in its CDI spec, disjoint from the "
-            "other shares of this GPU. Not limited: GPU memory, and a process that unsets "
+            f"{cumask.ENV} in its CDI spec holds this share's ROCm runtime to compute units "
+            f"{cumask.cu_list(ranges)} ({units} of {total}), disjoint from the other shares "
+            "of this GPU. Not limited: GPU memory, and a process that unsets "
             f"{cumask.ENV} or does not use the ROCm runtime (see docs/sharing.md)",
         )
 

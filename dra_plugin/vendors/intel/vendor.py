@@ -29,6 +29,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
+from dra_plugin.vendors.claimcontext import VendorEntry
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
 from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
@@ -133,7 +134,7 @@ class IntelDriver(Driver):
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_intel(ctx, PCI_VENDOR_ID.removeprefix("0x"))
 
-    def share_condition(self, device: Device) -> ShareCondition | None:
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
         # i915 and xe have no per-process limit on a GPU's execution units or memory that
         # a plugin could set for a container: shares are the scheduler's books only.
         return ShareCondition(
