@@ -129,13 +129,25 @@ def test_shares_get_disjoint_masks_sized_to_their_compute_units(cluster: Cluster
     # gfx942 (an MI300X partition of 38 CUs) takes them one by one.
     part = share(cluster, "part", 5, MI300X_P1)
     assert prepared_mask(cluster, plugin, part) == "0:0-4"
+    # One claim, shares of two GPUs: one CU set per GPU, numbered as ROCm in the container
+    # numbers them (KFD topology order: the Radeon's node comes before the MI300X's).
+    results = [
+        {"request": f"gpu{i}", "driver": AMD, "pool": cluster.node, "device": dev,
+         "shareID": str(uuid.uuid4()), "consumedCapacity": {"shares": "1", "computeUnits": "4"}}
+        for i, dev in enumerate((MI300X_P1, NAVI))
+    ]  # fmt: skip
+    obj = cluster.api.add_claim(allocated_claim("two", results))
+    two = Claim("default", obj["metadata"]["uid"], "two")
+    got = plugin.prepare([two]).claims[two.uid]
+    assert got.error == "", got.error
+    assert mask(cluster, two) == "0:70-73;1:5-8"
     # A share allocated without compute units (a slice from before) gets no mask.
     assert prepared_mask(cluster, plugin, share(cluster, "plain", None)) is None
     # More than is free: the claim's error, naming it, the device and the count.
     big = share(cluster, "big", 30)
     error = plugin.prepare([big]).claims[big.uid].error
     assert "claim default/big" in error and NAVI in error, error
-    assert "consumes 30 compute units" in error and "only 26 of 96 are free" in error, error
+    assert "consumes 30 compute units" in error and "only 22 of 96 are free" in error, error
 
     cluster.wait_for("share conditions", lambda: len(conditions(cluster, "a")) == 2)
     (limits,) = [c for c in conditions(cluster, "a") if c["type"] == "ShareLimits"]
@@ -159,7 +171,7 @@ def test_shares_get_disjoint_masks_sized_to_their_compute_units(cluster: Cluster
         "0:64-69",
     ]
     after = share(cluster, "after", 20)
-    assert prepared_mask(cluster, plugin, after) == "0:70-89"
+    assert prepared_mask(cluster, plugin, after) == "0:74-93"
     # Unprepare frees the range: the next share of 24 gets a's.
     assert plugin.unprepare([a]).claims[a.uid].error == ""
     assert a.uid not in book(cluster)[NAVI]
