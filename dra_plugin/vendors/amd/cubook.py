@@ -8,9 +8,10 @@ Each claim's ranges are also its vendor entry (`{"v": 1, "cu": [[0, 11]], "units
 which the core keeps in the record and in the spec record beside its spec: at start-up
 (`reconcile`) the book is written again from the record, so a crash anywhere leaves no
 unit held twice:
-- killed after the book was written but before the spec: the claim is `started`, the next
-  pass undoes it and `release` frees its units;
-- killed after the spec: the claim is kept as prepared with its entry; the book has it.
+- killed after the book was written: the claim is `started`; the next pass undoes it
+  (release frees its units) unless its spec and the record beside it were written whole
+  and match its `started` entry, in which case it is kept as prepared and the book
+  keeps its units (reconcile).
 A book found damaged or missing while running is never guessed around: masks are refused
 (the claim's error) until a restart rebuilds the book from the record.
 """
@@ -237,9 +238,9 @@ class CuBook:
             for d in claim.devices:
                 entry = d.vendor
                 raw = entry.get("cu") if entry is not None else None
-                ranges = cumask.valid_ranges(raw, 1 << 20)
+                ranges = cumask.valid_ranges(raw, cumask.MAX_UNITS)
                 if ranges is None:
-                    ranges = cumask.valid_ranges(old.get(d.device, {}).get(uid), 1 << 20)
+                    ranges = cumask.valid_ranges(old.get(d.device, {}).get(uid), cumask.MAX_UNITS)
                 if ranges is not None:
                     book.setdefault(d.device, {})[uid] = [list(r) for r in ranges]
         for device, claims in book.items():
@@ -271,7 +272,7 @@ def _book_of(obj: Any) -> Book | None:
         if not isinstance(claims, dict):
             return None
         for uid, raw in claims.items():
-            ranges = cumask.valid_ranges(raw, 1 << 20)
+            ranges = cumask.valid_ranges(raw, cumask.MAX_UNITS)
             if ranges is None:
                 return None
             out.setdefault(str(device), {})[str(uid)] = [list(r) for r in ranges]

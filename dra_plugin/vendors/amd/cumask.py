@@ -26,6 +26,7 @@ ENV = "HSA_CU_MASK"
 GFX_VERSION = "gfxTargetVersion"  # Device.extra: the KFD node's gfx_target_version
 KFD_NODE = "kfdNode"  # Device.extra: the KFD topology node number (ROCm's GPU order)
 WGP_GFX_VERSION = 100000  # KFD gfx_target_version of gfx10.0.0: the first with WGPs
+MAX_UNITS = 1 << 16  # more compute units than any GPU has (MI300X: 304); bounds the sets
 
 Ranges = tuple[tuple[int, int], ...]  # inclusive [first, last] unit ranges, ascending
 
@@ -44,7 +45,7 @@ def consumed_units(consumed: Mapping[str, str]) -> int | None:
     bad = ValueError(f"consumedCapacity {CAPACITY}={str(raw)[:40]!r} is not a whole number >= 1")
     try:
         amount = parse_quantity(str(raw))
-        whole = amount == amount.to_integral_value() and 1 <= amount <= 1 << 20
+        whole = amount == amount.to_integral_value() and 1 <= amount <= MAX_UNITS
     except (ArithmeticError, ValueError):
         raise bad from None
     if not whole:
