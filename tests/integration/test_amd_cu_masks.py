@@ -226,3 +226,27 @@ def test_kill_9_mid_unprepare_frees_the_range_once(cluster: Cluster) -> None:
     assert prepared_mask(cluster, plugin, c) == "0:0-23"
     assert prepared_mask(cluster, plugin, b) == "0:24-47"
     assert daemon.terminate() == 0
+
+
+def test_two_instances_of_a_rolling_update_never_hand_out_a_unit_twice(cluster: Cluster) -> None:
+    """The old and the new plugin instance serve side by side: each prepare sees the
+    units the other instance gave out after it started (the book, under the shared
+    claim lock), not only those in the record when it started."""
+    old = cluster.start_daemon(pod_uid="1111-aaaa", env=env(cluster))
+    old.wait_ready([AMD])
+    new = cluster.start_daemon(pod_uid="2222-bbbb", env=env(cluster))
+    new.wait_ready([AMD])
+    kubelet = cluster.kubelet()
+    cluster.wait_for("amd slices", lambda: NAVI in cluster.published(AMD))
+    p_old = kubelet.register(old.registration_socket(AMD))
+    p_new = kubelet.register(new.registration_socket(AMD))
+    a, b, c = (share(cluster, n, 24) for n in "abc")
+    assert prepared_mask(cluster, p_new, a) == "0:0-23"
+    assert prepared_mask(cluster, p_old, b) == "0:24-47"  # after the new one started
+    assert prepared_mask(cluster, p_new, c) == "0:48-71"
+    assert p_old.unprepare([a]).claims[a.uid].error == ""
+    d = share(cluster, "d", 24)
+    assert prepared_mask(cluster, p_new, d) == "0:0-23"
+    assert old.terminate() == 0
+    kubelet.close()
+    assert new.terminate() == 0
