@@ -264,7 +264,12 @@ async def _claims(
     )
     await d.preparer.startup()
     d.reporter = ClaimStatusReporter(
-        d.preparer, driver=d.name, api=api, devices=devices, activity=activity
+        d.preparer,
+        driver=d.name,
+        api=api,
+        devices=devices,
+        activity=activity,
+        share_condition=d.bound.share_condition,
     )
     stack.push_async_callback(d.reporter.close)
 

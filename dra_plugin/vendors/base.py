@@ -146,6 +146,15 @@ class OnDemand(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ShareCondition:
+    """A share's `ShareLimits` status condition: is it held to what it consumed, how."""
+
+    enforced: bool
+    reason: str  # CamelCase, as condition reasons are
+    message: str
+
+
 class ReadError(Exception):
     """A device could not be read for telemetry; the message says why."""
 
@@ -278,6 +287,9 @@ class Driver(ABC):
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         """This driver's node checks."""
         return []
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        return None  # what a share of `device` (its vendor entry) is told in its claim status
 
     def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
         """What makes this driver's devices on demand, keeping its own record in
