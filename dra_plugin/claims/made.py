@@ -2,7 +2,9 @@
 passes see them: made after the claim's `started` entry, found again on a re-prepare,
 destroyed when the claim is unprepared or its half-done prepare is undone, and reconciled
 with the record at start-up. The vendor sees the claim's context (claims/context.py) and
-what it made is recorded in the devices' vendor entries."""
+what it made is recorded in the devices' vendor entries: with `completed`, or at once
+where make and reconcile call `ClaimContext.record` (a MIG instance's intent before the
+GPU changes; what an older version kept elsewhere)."""
 
 from __future__ import annotations
 
@@ -16,18 +18,18 @@ from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
 from dra_plugin.vendors.base import Made, OnDemand
-from dra_plugin.vendors.claimcontext import ClaimContext
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
 
 
-def with_vendor(rec: ClaimRecord, made: Made) -> ClaimRecord:
+def with_vendor(rec: ClaimRecord, made: Made | Mapping[str, VendorEntry]) -> ClaimRecord:
     """`rec` with the vendor entries `made` returned (a device not named keeps its own)."""
-    if not made.vendor:
+    entries = made.vendor if isinstance(made, Made) else made
+    if not entries:
         return rec
     devs = tuple(
-        replace(d, vendor=made.vendor[d.device]) if d.device in made.vendor else d
-        for d in rec.devices
+        replace(d, vendor=entries[d.device]) if d.device in entries else d for d in rec.devices
     )
     return replace(rec, devices=devs)
 
@@ -39,11 +41,28 @@ class MadeDevices:
         render: Render,
         metadata: MetadataFiles,
         claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
+        record: Callable[[ClaimRecord], None] | None = None,
     ):
         self.on_demand = on_demand
         self._render = render
         self._metadata = metadata
         self._claim = claim  # the context the vendor sees for a record
+        self._record = record  # writes a claim's record now (not fsync'd)
+
+    def _recording(self, ctx: ClaimContext, rec: ClaimRecord) -> ClaimContext:
+        """`ctx` whose `record` writes the vendor entries into `rec` as it stands, entry
+        after entry (each write keeps the entries written before it)."""
+        if self._record is None:
+            return ctx
+        write = self._record
+        current = [rec]
+
+        def record(entries: Mapping[str, VendorEntry]) -> None:
+            changed = with_vendor(current[0], entries)
+            write(changed)
+            current[0] = changed
+
+        return replace(ctx, recorder=record)
 
     def made(
         self, rec: ClaimRecord, rendered: cdi.RenderedSpec, devices: Mapping[str, Device]
@@ -54,7 +73,7 @@ class MadeDevices:
         chosen = list({d.device: devices[d.device] for d in rec.devices}.values())
         if self.on_demand is None:
             return rec, rendered
-        made = self.on_demand.make(self._claim(rec), chosen)
+        made = self.on_demand.make(self._recording(self._claim(rec), rec), chosen)
         if made.devices == chosen and not made.vendor:
             return rec, rendered
         return self._render(with_vendor(rec, made), made.devices)
@@ -66,7 +85,7 @@ class MadeDevices:
         reboot) first."""
         if self.on_demand is not None:
             made = self.on_demand.make(
-                self._claim(rec), list({d.name: d for d in devices}.values())
+                self._recording(self._claim(rec), rec), list({d.name: d for d in devices}.values())
             )
             rec, devices = with_vendor(rec, made), made.devices
         return self._render(rec, devices)
@@ -91,8 +110,12 @@ class MadeDevices:
         self.release(None, rec)
 
     def reconcile(self, state: State) -> None:
-        """Start-up: instances made for claims the settled record no longer holds go."""
+        """Start-up: instances made for claims the settled record no longer holds go (the
+        vendor may record entries for the held ones: what an older version kept elsewhere)."""
         if self.on_demand is not None:
             self.on_demand.reconcile(
-                {uid: context.from_record(rec) for uid, rec in state.claims.items()}
+                {
+                    uid: self._recording(context.from_record(rec), rec)
+                    for uid, rec in state.claims.items()
+                }
             )

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.vendors.nvidia.ondemand import BOOK
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.vendors.nvidia.migbook import BOOK
 from fakes.cluster import NVIDIA, Cluster
 from fakes.migworld import stand_in_env
 from tests.judges import build
@@ -101,7 +102,13 @@ def test_counters_published_and_instance_made_and_destroyed_by_kubelet_calls(
             spec.read_text().count("/dev/nvidia-caps/nvidia-cap") == 2
             for spec in cluster.cdi.glob("*-claim_*.json")
         )
-        assert (cluster.plugins / NVIDIA / BOOK).is_file()
+        # What was made is in the claims' record (the devices' vendor entries) alone.
+        state = Checkpoint(cluster.plugins / NVIDIA, NVIDIA).read()
+        assert state is not None
+        entries = [d.vendor["mig"] for r in state.claims.values() for d in r.devices if d.vendor]
+        assert sorted((e["start"], e["size"]) for e in entries) == [(0, 4), (4, 4)]
+        assert all(e["uuid"] and e["gi"] is not None for e in entries)
+        assert not (cluster.plugins / NVIDIA / BOOK).exists()
         # Published as before: the allocation already counts its slices.
         assert cluster.published(NVIDIA) == sorted(devices)
         for ref in pods:
