@@ -3,7 +3,7 @@ passes see them: made after the claim's `started` entry, found again on a re-pre
 destroyed when the claim is unprepared or its half-done prepare is undone, and reconciled
 with the record at start-up. The vendor sees the claim's context (claims/context.py) and
 what it made is recorded in the devices' vendor entries: with `completed`, or at once
-where make and reconcile call `ClaimContext.record` (a MIG instance's intent before the
+where make and reconcile call `ClaimContext.record` (the intent of a partition before the
 GPU changes; what an older version kept elsewhere)."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A vendor entry is the vendor's own, versioned, per device: a JSON object with an
 objects). The core stores it in the record (journal, snapshot, the spec record beside
 each spec) and hands it back; it never reads inside it. The entries `OnDemand.make`
 returns are written with the claim's `completed` entry; a vendor that must have an entry
-on disk before it changes the hardware (the intent before a MIG instance is made), or
+on disk before it changes the hardware (the intent before a partition is made), or
 that moves what an older version kept elsewhere into the record, writes it at once with
 `ClaimContext.record`.
 """
