@@ -25,7 +25,7 @@ from dra_plugin.telemetry.catalogue import XID_ERRORS, Reading
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.migbook import BOOK
 from dra_plugin.vendors.nvidia.nvml.library import session
-from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from dra_plugin.vendors.nvidia.nvml.miginstances import destroy, gpu_instances
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from fakes.claim_harness import NODE, FakeApi, ref
 from fakes.migworld import DRIVER, MigNode, placement_claim, set_env
@@ -255,6 +255,35 @@ def test_a_record_lost_while_stopped_is_rebuilt_with_the_instance_from_the_spec_
     assert restarted.devices[name].consumes  # still a placement, carrying its instance
     assert restarted.devices[name].uuid == entry["uuid"]  # type: ignore[index]
     assert unprepare(restarted, obj) == ""
+    assert live(fake) == []
+
+
+def test_a_recorded_instance_that_is_gone_is_made_again_after_a_new_intent(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    node, api = world
+    name = placements(node)[0]
+    obj = placement_claim(1, name)
+    uid = obj["metadata"]["uid"]
+    assert prepare(node, api, obj) == ""
+    with session(fake.driver_root):  # someone destroys it behind the plugin's back
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        (g,) = gpu_instances(h, range(0, 40))
+        destroy(h, g.id)
+    for spec in (node.root / "cdi").glob("*.json"):
+        spec.unlink()  # so the repeated prepare renders, and makes, again
+    intents: list[dict[str, Any] | None] = []
+    node.maker.step = lambda step: (
+        intents.append(recorded(node)[uid]) if step == "mig-intent" else None
+    )
+    assert prepare(node, api, obj) == ""
+    # Before the GPU changed, the record named the placement without the old ids, so a
+    # crash then would have destroyed what was made at it, not looked for the old id.
+    assert [(e or {}).get("gi", "none") for e in intents] == [None]
+    assert len(live(fake)) == 1
+    entry = recorded(node)[uid]
+    assert entry is not None and entry["gi"] == made_ids(fake, 0)
+    assert unprepare(node, obj) == ""
     assert live(fake) == []
 
 

@@ -27,7 +27,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.devices import Device
@@ -153,13 +152,15 @@ class MigMaker:
                 f"{d.name}: {gpu} already has GPU instance {gi.id} at {t}, not made by "
                 "dra-plugin for this claim; it is left alone"
             )
-        if inst is None:
-            inst = Instance(t, self.boot_id)
-            self._record(claim, d.name, inst)  # the intent, before the GPU changes
-            made.append((d.name, inst))
-            self.owned[d.name] = (claim.uid, inst)
-            self.step("mig-intent")
         if gi is None:
+            if inst is None or inst.gi is not None:
+                # Nothing there (the recorded instance, if any, is gone): the intent first,
+                # before the GPU changes, naming no ids (what is made there is this one).
+                inst = Instance(t, self.boot_id)
+                self._record(claim, d.name, inst)
+                self.owned[d.name] = (claim.uid, inst)
+                self.step("mig-intent")
+            made.append((d.name, inst))  # undone if this call fails
             try:
                 gi_id = mi.make_gpu_instance(h, t.profile, t.start, t.size)
             except mi.InstanceError as exc:
@@ -176,12 +177,12 @@ class MigMaker:
         uuid = mi.mig_uuid(h, gi_id, ci_id)
         if uuid is None:
             raise MakeError(f"{d.name}: {gpu} lists no MIG device for GPU instance {gi_id}")
-        inst = replace(inst, target=t, gi=gi_id, ci=ci_id, uuid=uuid)
-        self.owned[d.name] = (claim.uid, inst)  # recorded with the claim's `completed`
+        done = Instance(t, self.boot_id, gi_id, ci_id, uuid)
+        self.owned[d.name] = (claim.uid, done)  # recorded with the claim's `completed`
         caps = mig_cap_nodes(self.proc_root, t.minor, gi_id, ci_id)
         if isinstance(caps, Path):
             raise MakeError(f"{d.name}: {caps} is not readable: the container could not use it")
-        return inst, with_instance(d, uuid, gi_id, ci_id, caps)
+        return done, with_instance(d, uuid, gi_id, ci_id, caps)
 
     def _record(self, claim: ClaimContext, device: str, inst: Instance | None) -> None:
         entry: VendorEntry = inst.entry() if inst is not None else {KEY: None}
