@@ -136,3 +136,33 @@ def test_gate_off_publishes_no_placement_and_says_so_once(cluster: Cluster) -> N
     assert PLACEMENT in err and "not" in err, err
     assert instances(cluster) == []
     assert daemon.terminate() == 0
+
+
+def test_a_restart_publishes_a_held_instance_as_the_placement_it_was_made_at(
+    cluster: Cluster,
+) -> None:
+    """The record says which instances were made for held claims; discovery is asked again
+    once the record is read, so the restarted daemon publishes the held placement as it
+    was (consuming its counters), not as an administrator's static MIG device."""
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("placements published", lambda: PLACEMENT in cluster.pool_complete(NVIDIA))
+    claim = cluster.add_claim("mig", NVIDIA, PLACEMENT)
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    assert plugin.prepare([claim]).claims[claim.uid].error == ""
+    assert len(instances(cluster)) == 1
+    assert daemon.terminate() == 0
+    cluster.api.delete_all_slices()  # so the restarted daemon's first slices are seen
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("slices published again", lambda: cluster.pool_complete(NVIDIA))
+    held = [
+        d for s in cluster.slices(NVIDIA) for d in s["spec"].get("devices") or []
+        if d["name"] == PLACEMENT
+    ]  # fmt: skip
+    assert len(held) == 1 and held[0].get("consumesCounters"), held
+    assert len(instances(cluster)) == 1
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    assert plugin.unprepare([claim]).claims[claim.uid].error == ""
+    assert instances(cluster) == []
+    assert daemon.terminate() == 0
