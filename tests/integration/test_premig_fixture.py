@@ -89,6 +89,26 @@ def test_the_book_moves_into_the_record_and_is_retired(fake: FakeNvml, root: Pat
     assert recorded(root) == {}
 
 
+def test_a_book_written_again_by_an_old_pod_is_migrated_at_the_next_start(
+    fake: FakeNvml, root: Path
+) -> None:
+    """A rolling upgrade: the old pod, still running, writes its book again after the new
+    one retired it. The next start reads it: the record's own entry wins for a claim it
+    holds, the rest is dealt with as at the first migration, and the book is retired."""
+    obj, ref = claim_one()
+    api = FakeApi([obj])
+    asyncio.run(MigNode(fake, root, api).preparer.startup())
+    entry = recorded(root)[ref.uid]
+    shutil.copy(FIXTURE / "state/mig-instances.json", root / "state/mig-instances.json")
+    again = MigNode(fake, root, api)
+    asyncio.run(again.preparer.startup())
+    assert recorded(root)[ref.uid] == entry
+    assert live(root) == ["gi 0 2 2 4 4"]
+    assert not (root / "state/mig-instances.json").exists()
+    assert asyncio.run(again.preparer.unprepare([ref]))[ref.uid] == ""
+    assert live(root) == []
+
+
 def test_a_damaged_old_book_leaves_its_instances_alone(
     fake: FakeNvml, root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
