@@ -109,7 +109,7 @@ class MigMaker:
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         if not any(target_of(d) for d in devices):
             return Made(list(devices))
-        made: list[tuple[str, Instance]] = []  # intents this call recorded
+        made: list[tuple[str, Instance]] = []  # what this call makes: undone if it fails
         out: list[Device] = []
         entries: dict[str, VendorEntry] = {}
         with self.lock, session(self.driver_root):
