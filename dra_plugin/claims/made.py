@@ -8,18 +8,23 @@ GPU changes; what an older version kept elsewhere)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint.snapshot import ClaimRecord, State
+from dra_plugin.checkpoint import specrecord
+from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
 from dra_plugin.claims import context
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
+from dra_plugin.host.files import atomic_write, kind
 from dra_plugin.vendors.base import Made, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
+log = logging.getLogger(__name__)
 Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
 
 
@@ -42,16 +47,22 @@ class MadeDevices:
         metadata: MetadataFiles,
         claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
         record: Callable[[ClaimRecord], None] | None = None,
+        cdi_root: Path | None = None,
     ):
         self.on_demand = on_demand
         self._render = render
         self._metadata = metadata
         self._claim = claim  # the context the vendor sees for a record
         self._record = record  # writes a claim's record now (not fsync'd)
+        self._cdi_root = cdi_root  # where the spec records of `reconcile`'s writes are
 
-    def _recording(self, ctx: ClaimContext, rec: ClaimRecord) -> ClaimContext:
+    def _recording(
+        self, ctx: ClaimContext, rec: ClaimRecord, *, spec_record: bool = False
+    ) -> ClaimContext:
         """`ctx` whose `record` writes the vendor entries into `rec` as it stands, entry
-        after entry (each write keeps the entries written before it)."""
+        after entry (each write keeps the entries written before it). `spec_record`: the
+        spec record beside the claim's spec is written too, for a claim whose spec is not
+        rendered again in this pass (start-up), so the two still agree."""
         if self._record is None:
             return ctx
         write = self._record
@@ -61,8 +72,23 @@ class MadeDevices:
             changed = with_vendor(current[0], entries)
             write(changed)
             current[0] = changed
+            if spec_record:
+                self._write_spec_record(changed)
 
         return replace(ctx, recorder=record)
+
+    def _write_spec_record(self, rec: ClaimRecord) -> None:
+        """The spec record beside a prepared claim's spec, as the record now says (a spec
+        gone or not ours is left to the re-prepare: rebuild.unproven sees it)."""
+        if self._cdi_root is None or rec.state != COMPLETED or not rec.spec_file:
+            return
+        if kind(self._cdi_root / rec.spec_file) != "file":
+            return
+        path = self._cdi_root / cdi.record_file_name(rec.spec_file)
+        try:
+            atomic_write(path, specrecord.encode(rec).encode(), cdi.SPEC_MODE, durable=False)
+        except OSError as exc:  # the record has it; its re-prepare reads it from the API
+            log.warning("cannot update spec record %s: %s", path, exc)
 
     def made(
         self, rec: ClaimRecord, rendered: cdi.RenderedSpec, devices: Mapping[str, Device]
@@ -115,7 +141,7 @@ class MadeDevices:
         if self.on_demand is not None:
             self.on_demand.reconcile(
                 {
-                    uid: self._recording(context.from_record(rec), rec)
+                    uid: self._recording(context.from_record(rec), rec, spec_record=True)
                     for uid, rec in state.claims.items()
                 }
             )

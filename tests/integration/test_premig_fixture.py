@@ -63,11 +63,18 @@ def test_the_fixture_is_what_the_old_version_left(root: Path) -> None:
     assert all(m is None for devs in recorded(root).values() for _, m in devs)
 
 
-def test_the_book_moves_into_the_record_and_is_retired(fake: FakeNvml, root: Path) -> None:
+def test_the_book_moves_into_the_record_and_is_retired(
+    fake: FakeNvml, root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     obj, ref = claim_one()
     api = FakeApi([obj])
     node = MigNode(fake, root, api)
     asyncio.run(node.preparer.startup())
+    # The spec record beside the claim's spec says so too: the claim stays proven (its
+    # repeated prepare is answered from the record, not read from the API again).
+    assert "says otherwise" not in caplog.text
+    spec_record = next((root / "cdi").glob("*.record")).read_text()
+    assert '"mig":' in spec_record and "MIG-d1000001-0000-5000-8000-000000000002" in spec_record
     assert live(root) == ["gi 0 2 2 4 4"]  # the orphan destroyed, the held one kept
     ((uid, [(device, entry)]),) = recorded(root).items()
     assert (uid, device) == (ref.uid, HELD)
@@ -78,7 +85,9 @@ def test_the_book_moves_into_the_record_and_is_retired(fake: FakeNvml, root: Pat
     assert (root / "state/mig-instances.json.migrated").is_file()
     # Still the claim's: a placement carrying its instance, found again at re-prepare.
     assert node.devices[HELD].consumes and node.devices[HELD].uuid == entry["uuid"]
+    gets = api.gets
     assert asyncio.run(node.preparer.prepare([ref]))[ref.uid].error == ""
+    assert api.gets == gets  # proven: answered from the record, no GET
     assert live(root) == ["gi 0 2 2 4 4"]
     # A later start reads the record alone (the book is not read again).
     again = MigNode(fake, root, api)
