@@ -132,7 +132,9 @@ class OnDemand(Protocol):
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         """`devices` as the claim gets them: those made on demand are made now (or found,
         made earlier for this claim) and come back with their nodes and IDs; the others
-        unchanged. On failure undoes what this call made and raises MakeError."""
+        unchanged. What must be on disk before the hardware changes (where the device
+        will be made) goes into the claim's record first, with `claim.record`. On
+        failure undoes what this call made and raises MakeError."""
         ...
 
     def release(self, claim: ClaimContext) -> None:
@@ -142,7 +144,8 @@ class OnDemand(Protocol):
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         """At start-up, with the record settled: destroy what was made for claims not in
-        `held` (claim uid -> the claim as recorded), keep what held claims use."""
+        `held` (claim uid -> the claim as recorded), keep what held claims use (their
+        `record` moves into the record what an older version kept elsewhere)."""
         ...
 
 
