@@ -33,8 +33,7 @@ from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice, Pre
 from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
 from dra_plugin.telemetry import metrics
-from dra_plugin.vendors.base import ShareCondition
-from dra_plugin.vendors.claimcontext import VendorEntry
+from dra_plugin.vendors.claimcontext import ShareCondition, VendorEntry
 
 log = logging.getLogger(__name__)
 QUIET_SECONDS = 0.05  # how long no prepare must run before status writes start

@@ -41,7 +41,7 @@ from dra_plugin.options import (
 )
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
-from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 
 
 class VendorSettings(Protocol):
@@ -147,15 +147,6 @@ class OnDemand(Protocol):
         `held` (claim uid -> the claim as recorded), keep what held claims use (their
         `record` moves into the record what an older version kept elsewhere)."""
         ...
-
-
-@dataclass(frozen=True)
-class ShareCondition:
-    """A share's `ShareLimits` status condition: is it held to what it consumed, how."""
-
-    enforced: bool
-    reason: str  # CamelCase, as condition reasons are
-    message: str
 
 
 class ReadError(Exception):

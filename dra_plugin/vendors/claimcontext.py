@@ -135,3 +135,12 @@ class ClaimContext:
         if not self.namespace and not self.name:
             return f"claim uid {self.uid}"
         return f"claim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class ShareCondition:
+    """A share's `ShareLimits` status condition: is it held to what it consumed, how."""
+
+    enforced: bool
+    reason: str  # CamelCase, as condition reasons are
+    message: str

@@ -34,7 +34,6 @@ from dra_plugin.vendors.base import (
     Monitor,
     MonitorHooks,
     OnDemand,
-    ShareCondition,
     TelemetryReader,
     Vendor,
     driver_name_option,
@@ -44,7 +43,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
-from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 
 log = logging.getLogger(__name__)
 

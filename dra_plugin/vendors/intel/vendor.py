@@ -19,7 +19,6 @@ from dra_plugin.vendors.base import (
     DrmScan,
     Monitor,
     MonitorHooks,
-    ShareCondition,
     TelemetryReader,
     Vendor,
     driver_name_option,
@@ -29,7 +28,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
-from dra_plugin.vendors.claimcontext import VendorEntry
+from dra_plugin.vendors.claimcontext import ShareCondition, VendorEntry
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
 from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
