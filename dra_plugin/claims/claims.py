@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import State, read_boot_id
-from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild
+from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild, specfiles
 from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
     ClaimFailed,
@@ -57,6 +57,26 @@ __all__ = [
 
 
 # Reboot policy (claims prepared before a reboot are KEPT): see rebuild.py.
+
+
+async def _made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, list[Path]]:
+    """What `_make_ahead` made; nothing when it failed (the write makes its files)."""
+    if ahead is None:
+        return {}
+    try:
+        return await ahead
+    except (OSError, cdi.CdiError) as exc:
+        log.debug("temp files not made ahead: %s", exc)
+        return {}
+
+
+def _discard_made(ahead: asyncio.Task[dict[str, list[Path]]]) -> None:
+    if ahead.cancelled() or ahead.exception() is not None:
+        return
+    temps = [t for ts in ahead.result().values() for t in ts]
+    asyncio.get_running_loop().run_in_executor(None, specfiles.discard, temps)
+
+
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -66,6 +86,8 @@ class _Job:
     kind: JobKind
     refs: list[ClaimRef] = field(default_factory=list)
     fetched: Mapping[str, Fetched] = field(default_factory=dict)
+    ahead: asyncio.Task[dict[str, list[Path]]] | None = None  # temp files made ahead
+    made: Mapping[str, list[Path]] = field(default_factory=dict)  # what `ahead` made
 
 
 class ClaimPreparer:
@@ -150,18 +172,36 @@ class ClaimPreparer:
                 results[ref.uid] = ClaimFailed(Failure.REFERENCE, err)
             else:
                 refs[ref.uid] = ref
+        alone = self._commit.quiet()
         with self._commit.arriving():  # a pass about to start waits for these GETs
             known = await known_completed(self._checkpoint, refs) - self._unproven
-            fetched = await fetch_all(
-                self._fetch, [r for uid, r in refs.items() if uid not in known]
-            )
+            todo = [r for uid, r in refs.items() if uid not in known]
+            ahead = self._make_ahead(todo) if alone and len(todo) == 1 else None
+            try:
+                fetched = await fetch_all(self._fetch, todo)
+            except BaseException:  # cancelled by the kubelet: its files go when made
+                if ahead is not None:
+                    ahead.add_done_callback(_discard_made)
+                raise
         if refs:
-            job = _Job(JobKind.PREPARE, list(refs.values()), fetched)
+            job = _Job(JobKind.PREPARE, list(refs.values()), fetched, ahead)
             got = await self._submit(
                 job, lambda msg, disk: ClaimFailed(Failure.DISK if disk else Failure.INTERNAL, msg)
             )
             results.update(got)
         return results
+
+    def _make_ahead(self, todo: list[ClaimRef]) -> asyncio.Task[dict[str, list[Path]]]:
+        """A lone claim's two temp files, made in a thread while its GET is under way:
+        making a file is the slow part of its write when the file system's journal is
+        committing (host.files.made_ahead). Calls of several claims and bursts (the GETs
+        overlap each other; the pass is what they wait for) write as before."""
+        uid = todo[0].uid
+
+        def make() -> dict[str, list[Path]]:
+            return {uid: specfiles.made_ahead(self.cdi_root, self.driver, uid)}
+
+        return asyncio.create_task(asyncio.to_thread(make))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         results: dict[str, str] = {}
@@ -195,6 +235,8 @@ class ClaimPreparer:
 
     # --- locking, batching and recovery ---------------------------------------------
     async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
+        for job in jobs:  # made while the GETs were under way: done by now, normally
+            job.made = await _made(job.ahead)
         devices = dict(self._devices())
         result, held = await asyncio.to_thread(
             self._with_file_lock, lambda st: self._pass(st, jobs, devices)
@@ -220,7 +262,8 @@ class ClaimPreparer:
                     done: Mapping[str, Any] = {}
                 elif run[0].kind is JobKind.PREPARE:
                     fetched = {u: f for job in run for u, f in job.fetched.items()}
-                    done = self._prepare(state, list(refs.values()), fetched, devices)
+                    ahead = {u: t for job in run for u, t in job.made.items()}
+                    done = self._prepare(state, list(refs.values()), fetched, devices, ahead)
                 else:
                     done = self._unprepare(state, list(refs.values()))
             except Exception as exc:  # noqa: BLE001 - the callers of this run get it
@@ -295,8 +338,9 @@ class ClaimPreparer:
         refs: list[ClaimRef],
         fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
+        ahead: Mapping[str, list[Path]],
     ) -> dict[str, Outcome]:
-        claim_pass = PreparePass(self._parts, state, devices)
+        claim_pass = PreparePass(self._parts, state, devices, ahead)
         done = claim_pass.run(refs, fetched, self._unproven)
         self._unproven.difference_update(claim_pass.recorded)  # judged on the API's word
         return done

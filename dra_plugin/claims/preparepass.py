@@ -85,10 +85,17 @@ class _Claim:
 
 
 class PreparePass:
-    def __init__(self, parts: Parts, state: State, devices: Mapping[str, Device]) -> None:
+    def __init__(
+        self,
+        parts: Parts,
+        state: State,
+        devices: Mapping[str, Device],
+        ahead: Mapping[str, list[Path]] | None = None,
+    ) -> None:
         self.p = parts
         self.state = state
         self.devices = devices
+        self.ahead = dict(ahead or {})  # claim uid -> its temp files made ahead
         self.out: dict[str, Outcome] = {}
         self.recorded: list[str] = []  # claims this pass recorded as prepared
 
@@ -97,6 +104,14 @@ class PreparePass:
         self, refs: Sequence[ClaimRef], fetched: Mapping[str, Fetched], unproven: set[str]
     ) -> dict[str, Outcome]:
         """Every claim of `refs` (its GET in `fetched`, or prepared already and proven)."""
+        try:
+            return self._run(refs, fetched, unproven)
+        finally:
+            specfiles.discard(t for temps in self.ahead.values() for t in temps)
+
+    def _run(
+        self, refs: Sequence[ClaimRef], fetched: Mapping[str, Fetched], unproven: set[str]
+    ) -> dict[str, Outcome]:
         self.p.contexts.clear()  # the last pass's API reads are not this one's
         holdings = Holdings.of(self.state.claims, self.p.sharing)
         accepted: list[_Claim] = []
@@ -184,7 +199,8 @@ class PreparePass:
             for c in claims:
                 assert c.rendered is not None
                 try:
-                    specfiles.write(p.cdi_root, c.rendered, c.rec, durable=False)
+                    temps = self.ahead.pop(c.rec.uid, ())
+                    specfiles.write(p.cdi_root, c.rendered, c.rec, durable=False, temps=temps)
                 except (OSError, cdi.CdiError) as exc:
                     self._spec_failed(c.rec, exc, failed)
                     continue

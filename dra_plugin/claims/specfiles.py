@@ -5,19 +5,40 @@ record left alone by a crash)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.snapshot import ClaimRecord
-from dra_plugin.host.files import remove_any
+from dra_plugin.host import files
 
 
-def write(cdi_root: Path, rendered: cdi.RenderedSpec, rec: ClaimRecord, *, durable: bool) -> Path:
-    """The spec and the record `rec` beside it, in one write step."""
+def write(
+    cdi_root: Path,
+    rendered: cdi.RenderedSpec,
+    rec: ClaimRecord,
+    *,
+    durable: bool,
+    temps: Sequence[Path] = (),
+) -> Path:
+    """The spec and the record `rec` beside it, in one write step (`temps`: their temp
+    files, `made_ahead`)."""
     record = (specrecord.path(cdi_root, rendered.file_name), specrecord.encode(rec).encode())
-    return cdi.write_rendered(cdi_root, rendered, durable=durable, beside=[record])
+    return cdi.write_rendered(cdi_root, rendered, durable=durable, beside=[record], temps=temps)
+
+
+def made_ahead(cdi_root: Path, driver: str, uid: str) -> list[Path]:
+    """The temp files of a claim's record and spec, made before its write (while its
+    GET is under way: host.files.made_ahead); raises OSError."""
+    spec = cdi.spec_file_name(driver, uid)
+    return files.made_ahead([specrecord.path(cdi_root, spec), cdi_root / spec])
+
+
+def discard(temps: Iterable[Path]) -> None:
+    """Temp files made ahead and not used (their claim was not written)."""
+    for tmp in temps:
+        files.remove_any(tmp)
 
 
 def remove(cdi_root: Path, spec_file: str) -> bool:
@@ -51,6 +72,6 @@ def collect(cdi_root: Path, driver: str, keep: Iterable[str]) -> list[Path]:
         cdi_root, driver, keep, lambda name: [specrecord.path(cdi_root, name)]
     )
     for uid, path in lone_records(cdi_root, driver).items():
-        if uid not in keep and remove_any(path):
+        if uid not in keep and files.remove_any(path):
             removed.append(path)
     return removed
