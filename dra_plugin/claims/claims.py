@@ -57,6 +57,8 @@ __all__ = [
 
 
 # Reboot policy (claims prepared before a reboot are KEPT): see rebuild.py.
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 async def _made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, list[Path]]:
@@ -71,14 +73,11 @@ async def _made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, 
 
 
 def _discard_made(ahead: asyncio.Task[dict[str, list[Path]]]) -> None:
+    """Done callback of `_make_ahead` for a caller that went away before its pass."""
     if ahead.cancelled() or ahead.exception() is not None:
         return
     temps = [t for ts in ahead.result().values() for t in ts]
     asyncio.get_running_loop().run_in_executor(None, specfiles.discard, temps)
-
-
-log = logging.getLogger(__name__)
-_T = TypeVar("_T")
 
 
 @dataclass
