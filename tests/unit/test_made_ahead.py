@@ -98,3 +98,36 @@ def test_files_made_ahead_for_a_claim_not_written_go(tmp_path: Path) -> None:
     assert len(api.seen) == 2  # they were made for it
     assert temps(tmp_path / "cdi") == []
     assert not list((tmp_path / "cdi").glob(f"*{uid(2)}*"))
+
+
+class StuckApi(FakeApi):
+    """Its GET never answers (until cancelled)."""
+
+    async def get_claim(self, namespace: str, name: str) -> Mapping[str, Any]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def test_files_made_ahead_for_a_caller_that_went_away_go(tmp_path: Path) -> None:
+    obj = claim(1, [result(DEVICES[0].name)])
+    p = preparer(tmp_path, StuckApi([obj]), DEVICES)
+    cdi_dir = tmp_path / "cdi"
+
+    async def scenario() -> list[str]:
+        await p.startup()
+        call = asyncio.create_task(p.prepare([ref(obj)]))
+        for _ in range(200):  # the files are made while the GET hangs
+            if len(temps(cdi_dir)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        made = temps(cdi_dir)
+        call.cancel()  # the kubelet's call timed out
+        for _ in range(200):
+            if not temps(cdi_dir):
+                break
+            await asyncio.sleep(0.01)
+        return made
+
+    made = asyncio.run(scenario())
+    assert len(made) == 2
+    assert temps(cdi_dir) == []
