@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,30 +64,6 @@ def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
     )
 
 
-# The claim's spec record beside its spec (checkpoint/specrecord.py): `<spec name>.record`. Not
-# inside the spec: CDI has a place for it only from 0.6.0 (annotations), which runtimes
-# still in use (podman 4, containerd 1.7.0) refuse. The CDI library reads only *.json and
-# *.yaml in its directories, so the record file is invisible to the runtime.
-RECORD_SUFFIX = ".record"
-
-
-def record_file_name(spec_file: str) -> str:
-    return spec_file.removesuffix(".json") + RECORD_SUFFIX
-
-
-# The name tests outside the record's own ones still use (test_claims, test_devicemetadata).
-note_file_name = record_file_name
-
-
-def read_record(cdi_dir: Path, spec_file: str) -> str | None:
-    """The record written beside a spec (never read through a link); None if absent or
-    unreadable."""
-    try:
-        return read_regular(_path(cdi_dir, record_file_name(spec_file))).decode()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
 def claimed_devices(
     spec: Mapping[str, Any], driver: str, claim_uid: str
 ) -> dict[str, tuple[str, ...]]:
@@ -126,11 +102,17 @@ def spec_file_name(driver: str, claim_uid: str) -> str:
     return f"k8s.{driver}-{CLAIM_CLASS}_{claim_uid}.json"
 
 
-def _file_pattern(driver: str, suffix: str = ".json") -> re.Pattern[str]:
+def _file_pattern(driver: str) -> re.Pattern[str]:
     return re.compile(
         rf"^k8s\.{re.escape(driver)}-{CLAIM_CLASS}_(?P<uid>[a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?)"
-        rf"{re.escape(suffix)}\Z"
+        r"\.json\Z"
     )
+
+
+def claim_of(driver: str, file_name: str) -> str | None:
+    """The claim UID a spec file name of this driver's names; None when it is not ours."""
+    m = _file_pattern(driver).match(file_name)
+    return m["uid"] if m else None
 
 
 # --- rendering (pure) ----------------------------------------------------------------
@@ -139,7 +121,6 @@ class RenderedSpec:
     file_name: str
     spec: dict[str, Any]
     cdi_ids: dict[str, tuple[str, ...]]  # device name -> ids for the kubelet
-    record: str | None = None  # the claim's spec record, written beside the spec
 
 
 def _node(n: DeviceNode) -> dict[str, Any]:
@@ -159,11 +140,9 @@ def render_claim_spec(
     *,
     max_version: str,
     edits: ClaimEdits | None = None,
-    record: str | None = None,
 ) -> RenderedSpec:
-    """The claim's spec and CDI ids (`edits` default: the devices' own nodes); `record`,
-    the claim's spec record, is written beside it. Raises CdiError naming the device or version
-    problem."""
+    """The claim's spec and CDI ids (`edits` default: the devices' own nodes). Raises
+    CdiError naming the device or version problem."""
     edits = edits if edits is not None else device_node_edits(devices)
     file_name = spec_file_name(driver, claim_uid)
     cdi_devices: list[dict[str, Any]] = []
@@ -200,7 +179,7 @@ def render_claim_spec(
     errors = validate_spec(spec)
     if errors:
         raise CdiError(f"rendered CDI spec is invalid: {'; '.join(errors)}")
-    return RenderedSpec(file_name, spec, ids, record)
+    return RenderedSpec(file_name, spec, ids)
 
 
 # --- files ---------------------------------------------------------------------------
@@ -219,17 +198,22 @@ def write_spec(cdi_dir: Path, file_name: str, spec: Mapping[str, Any]) -> Path:
     return _write(cdi_dir, file_name, spec, durable=True)
 
 
-def write_rendered(cdi_dir: Path, rendered: RenderedSpec, *, durable: bool = True) -> Path:
-    """Write a spec `render_claim_spec` made (and validated) and its record together: both
-    temp files, then the record's rename and the spec's (so no spec of ours is without
-    its record), one write step for the two. `durable=False` skips the file and directory
-    fsyncs (atomic_write_all: a power loss may lose the files)."""
+def write_rendered(
+    cdi_dir: Path,
+    rendered: RenderedSpec,
+    *,
+    durable: bool = True,
+    beside: Sequence[tuple[Path, bytes]] = (),
+    temps: Sequence[Path] = (),
+) -> Path:
+    """Write a spec `render_claim_spec` made (and validated), with the files `beside` it
+    in the same write step: every temp file, then their renames and the spec's last (so
+    the spec never appears without them). `durable=False` skips the file and directory
+    fsyncs (atomic_write_all: a power loss may lose the files); `temps`: their temp
+    files made ahead (host.files.made_ahead), `beside` first."""
     path = _path(cdi_dir, rendered.file_name)
-    files = [(path, _encode(rendered.spec))]
-    if rendered.record is not None:
-        record = _path(cdi_dir, record_file_name(rendered.file_name))
-        files.insert(0, (record, rendered.record.encode()))
-    atomic_write_all(files, SPEC_MODE, durable=durable)
+    files = [*beside, (path, _encode(rendered.spec))]
+    atomic_write_all(files, SPEC_MODE, durable=durable, temps=temps)
     return path
 
 
@@ -245,17 +229,20 @@ def _write(cdi_dir: Path, file_name: str, spec: Mapping[str, Any], *, durable: b
     return path
 
 
-def remove_spec(cdi_dir: Path, file_name: str) -> bool:
-    """Remove a spec file; a missing file is fine. Returns whether one was removed."""
+def remove_spec(cdi_dir: Path, file_name: str, *, beside: Sequence[Path] = ()) -> bool:
+    """Remove a spec file, then the files `beside` it (never left alone by a crash); a
+    missing file is fine. Returns whether the spec was removed."""
     path = _path(cdi_dir, file_name)
     try:
         path.unlink()  # a link named like our file: the link goes, never its target
     except FileNotFoundError:
-        remove_any(_path(cdi_dir, record_file_name(file_name)))
+        for other in beside:
+            remove_any(other)
         return False
     except IsADirectoryError:
         remove_unexpected(path, "directory", "CDI spec file")
-    remove_any(_path(cdi_dir, record_file_name(file_name)))  # after the spec: never alone
+    for other in beside:
+        remove_any(other)
     sync_dir(cdi_dir)  # once per batch inside batched_dir_syncs()
     return True
 
@@ -285,50 +272,37 @@ def list_spec_files(cdi_dir: Path, drivers: Iterable[str]) -> dict[str, dict[str
     return out
 
 
-def list_record_files(cdi_dir: Path, driver: str) -> dict[str, Path]:
-    """claim UID -> path of every record file of ours left without its spec."""
-    pattern = _file_pattern(driver, RECORD_SUFFIX)
-    try:
-        names = set(os.listdir(cdi_dir))
-    except FileNotFoundError:
-        return {}
-    out: dict[str, Path] = {}
-    for name in sorted(names):
-        m = pattern.match(name)
-        if m and spec_file_name(driver, m["uid"]) not in names:
-            out[m["uid"]] = cdi_dir / name
-    return out
-
-
-def gc_spec_files(cdi_dir: Path, driver: str, keep: Iterable[str]) -> list[Path]:
-    """Remove our spec files (and our leftover temp files) whose claim UID is not in keep."""
+def gc_spec_files(
+    cdi_dir: Path,
+    driver: str,
+    keep: Iterable[str],
+    beside: Callable[[str], Sequence[Path]] = lambda name: (),
+) -> list[Path]:
+    """Remove our spec files (with the files `beside(name)` names) whose claim UID is not
+    in keep, and our leftover temp files."""
     keep = set(keep)
     removed: list[Path] = []
     for uid, path in list_spec_files(cdi_dir, [driver])[driver].items():
-        if uid not in keep and remove_spec(cdi_dir, path.name):
+        if uid not in keep and remove_spec(cdi_dir, path.name, beside=beside(path.name)):
             removed.append(path)
-    records = _file_pattern(driver, RECORD_SUFFIX)
     prefix = f".k8s.{driver}-{CLAIM_CLASS}_"
     try:
-        names = os.listdir(cdi_dir)  # once, for the records and the temp files
+        names = os.listdir(cdi_dir)
     except FileNotFoundError:
         names = []
     for name in names:
-        m = records.match(name)
-        if m and m["uid"] not in keep and remove_any(cdi_dir / name):
-            removed.append(cdi_dir / name)  # a record written just before a crash, alone
-        elif name.startswith(prefix) and ".tmp" in name:
+        if name.startswith(prefix) and ".tmp" in name:
             (cdi_dir / name).unlink(missing_ok=True)
             removed.append(cdi_dir / name)
     return removed
 
 
 def spec_problem(
-    cdi_dir: Path, driver: str, file_name: str, claim_uid: str, devices: set[str], record: str
+    cdi_dir: Path, driver: str, file_name: str, claim_uid: str, devices: set[str]
 ) -> str:
     """'' when a claim's spec file is the one we wrote for it: a regular file (never read
-    through a link), JSON, injecting exactly `devices`, with `record` beside it; else what
-    is wrong. Two small reads."""
+    through a link), JSON, injecting exactly `devices`; else what is wrong. One small
+    read."""
     try:
         spec = json.loads(read_regular(_path(cdi_dir, file_name)))
     except FileNotFoundError:
@@ -343,6 +317,4 @@ def spec_problem(
         return "is not this driver's claim spec"
     if set(claimed_devices(spec, driver, claim_uid)) != devices:
         return "injects other devices than the claim holds"
-    if read_record(cdi_dir, file_name) != record:
-        return "has no record beside it, or another than the checkpoint's"
     return ""

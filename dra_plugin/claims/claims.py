@@ -10,48 +10,47 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.snapshot import (
-    COMPLETED,
-    STARTED,
-    ClaimRecord,
-    State,
-    read_boot_id,
-)
-from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild
-from dra_plugin.claims.allocation import ClaimError, Holdings, device_records, select
+from dra_plugin.checkpoint.snapshot import State, read_boot_id
+from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild, specfiles
+from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
+    ClaimFailed,
     ClaimHandler,
     ClaimRef,
+    Failure,
+    Outcome,
+    Prepared,
     PreparedDevice,
     PrepareResult,
     check_ref,
-    prepared_result,
 )
-from dra_plugin.claims.fetch import FetchClaim, Fetched, FetchFailed, fetch_all, known_completed
+from dra_plugin.claims.fetch import FetchClaim, Fetched, fetch_all, known_completed
 from dra_plugin.claims.groupcommit import GroupCommit, JobKind, runs
 from dra_plugin.claims.made import MadeDevices
-from dra_plugin.claims.prepwrite import SpecWriter
+from dra_plugin.claims.preparepass import ClaimEditor, Parts, PreparePass
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry import metrics
-from dra_plugin.vendors.base import MakeError, OnDemand
-from dra_plugin.vendors.claimcontext import ClaimContext
+from dra_plugin.vendors.base import OnDemand
 
 __all__ = [
     "ClaimError",
+    "ClaimFailed",
     "ClaimHandler",
     "ClaimPreparer",
     "ClaimRef",
+    "Failure",
+    "Outcome",
     "PrepareResult",
+    "Prepared",
     "PreparedDevice",
     "check_ref",
 ]
@@ -60,8 +59,25 @@ __all__ = [
 # Reboot policy (claims prepared before a reboot are KEPT): see rebuild.py.
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-# What a claim holding these devices injects (the driver's vendor decides; raises CdiError).
-ClaimEditor = Callable[[Sequence[Device], ClaimContext], cdi.ClaimEdits]
+
+
+async def _made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, list[Path]]:
+    """What `_make_ahead` made; nothing when it failed (the write makes its files)."""
+    if ahead is None:
+        return {}
+    try:
+        return await ahead
+    except (OSError, cdi.CdiError) as exc:
+        log.debug("temp files not made ahead: %s", exc)
+        return {}
+
+
+def _discard_made(ahead: asyncio.Task[dict[str, list[Path]]]) -> None:
+    """Done callback of `_make_ahead` for a caller that went away before its pass."""
+    if ahead.cancelled() or ahead.exception() is not None:
+        return
+    temps = [t for ts in ahead.result().values() for t in ts]
+    asyncio.get_running_loop().run_in_executor(None, specfiles.discard, temps)
 
 
 @dataclass
@@ -69,6 +85,8 @@ class _Job:
     kind: JobKind
     refs: list[ClaimRef] = field(default_factory=list)
     fetched: Mapping[str, Fetched] = field(default_factory=dict)
+    ahead: asyncio.Task[dict[str, list[Path]]] | None = None  # temp files made ahead
+    made: Mapping[str, list[Path]] = field(default_factory=dict)  # what `ahead` made
 
 
 class ClaimPreparer:
@@ -76,7 +94,8 @@ class ClaimPreparer:
 
     Serialized by group commit (calls that queue while a pass runs share the next one,
     groupcommit.py) plus the checkpoint's file lock (overlapping instances); the claim GET
-    happens before, file work runs in a thread.
+    happens before, file work runs in a thread. A prepare pass is a PreparePass
+    (preparepass.py): each claim's outcome a typed value (contract.Outcome).
     `on_step` exists only for crash tests: it is called at each named step
     (claim-started, spec-written, claim-completed, claim-unpreparing, spec-removed,
     claim-dropped, spec-rerendered).
@@ -105,9 +124,6 @@ class ClaimPreparer:
         self.node_name = node_name
         self.cdi_root = cdi_root
         self.options = cdi_options or cdi.CdiOptions()
-        self._claim_edits = claim_edits or context.node_edits
-        self._opaque_configs = opaque_configs  # (apiVersion, kind) the vendor understands
-        self._contexts = context.PassContexts()  # what the vendor hooks see of a claim
         self._fetch = fetch_claim
         self._devices = devices
         self._on_step = on_step
@@ -118,19 +134,28 @@ class ClaimPreparer:
         self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
+        contexts = context.PassContexts()  # what the vendor hooks see of a claim
         # Devices made at prepare, destroyed at unprepare (MIG instances made on demand).
         self._made = MadeDevices(
-            on_demand, self._render, self._metadata, self._contexts,
+            on_demand, self._metadata, contexts,
             lambda rec: self._checkpoint.put([rec], durable=False), cdi_root,
         )  # fmt: skip
-        self._writer = SpecWriter(
-            self._checkpoint,
-            cdi_root,
-            state_dir,
-            self._metadata,
-            self._step,
-            lambda state: self._drop_settled(state, after_crash=False),
-            self._made.made if on_demand is not None else None,
+        self._parts = Parts(
+            driver=driver,
+            node_name=node_name,
+            cdi_root=cdi_root,
+            state_dir=state_dir,
+            checkpoint=self._checkpoint,
+            metadata=self._metadata,
+            made=self._made,
+            contexts=contexts,
+            claim_edits=claim_edits or context.node_edits,
+            max_version=self.options.max_version,
+            sharing=sharing,
+            opaque_configs=frozenset(opaque_configs),
+            device_metadata=device_metadata,
+            step=self._step,
+            settle=lambda state: self._drop_settled(state, after_crash=False),
         )
         self.held: set[str] = set()
         self._unproven: set[str] = set()  # read from the API first (rebuild.unproven)
@@ -140,25 +165,45 @@ class ClaimPreparer:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
         await self._commit.submit(_Job(JobKind.STARTUP))
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
-        results: dict[str, PrepareResult] = {}
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
+        results: dict[str, Outcome] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
             err = check_ref(ref)
             if err:
-                results[ref.uid] = PrepareResult(error=err)
+                results[ref.uid] = ClaimFailed(Failure.REFERENCE, err)
             else:
                 refs[ref.uid] = ref
+        alone = self._commit.quiet()
         with self._commit.arriving():  # a pass about to start waits for these GETs
             known = await known_completed(self._checkpoint, refs) - self._unproven
-            fetched = await fetch_all(
-                self._fetch, [r for uid, r in refs.items() if uid not in known]
-            )
+            todo = [r for uid, r in refs.items() if uid not in known]
+            ahead = self._make_ahead(todo) if alone and len(todo) == 1 else None
+            try:
+                fetched = await fetch_all(self._fetch, todo)
+            except BaseException:  # cancelled by the kubelet: its files go when made
+                if ahead is not None:
+                    ahead.add_done_callback(_discard_made)
+                raise
         if refs:
-            job = _Job(JobKind.PREPARE, list(refs.values()), fetched)
-            got = await self._submit(job, lambda msg: PrepareResult(error=msg))
+            job = _Job(JobKind.PREPARE, list(refs.values()), fetched, ahead)
+            got = await self._submit(
+                job, lambda msg, disk: ClaimFailed(Failure.DISK if disk else Failure.INTERNAL, msg)
+            )
             results.update(got)
         return results
+
+    def _make_ahead(self, todo: list[ClaimRef]) -> asyncio.Task[dict[str, list[Path]]]:
+        """A lone claim's two temp files, made in a thread while its GET is under way:
+        making a file is the slow part of its write when the file system's journal is
+        committing (host.files.made_ahead). Calls of several claims and bursts (the GETs
+        overlap each other; the pass is what they wait for) write as before."""
+        uid = todo[0].uid
+
+        def make() -> dict[str, list[Path]]:
+            return {uid: specfiles.made_ahead(self.cdi_root, self.driver, uid)}
+
+        return asyncio.create_task(asyncio.to_thread(make))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         results: dict[str, str] = {}
@@ -169,10 +214,11 @@ class ClaimPreparer:
             else:
                 results[ref.uid] = check_ref(ref)
         if refs:
-            results.update(await self._submit(_Job(JobKind.UNPREPARE, list(refs.values())), str))
+            job = _Job(JobKind.UNPREPARE, list(refs.values()))
+            results.update(await self._submit(job, lambda msg, disk: msg))
         return results
 
-    async def _submit(self, job: _Job, error: Callable[[str], _T]) -> dict[str, _T]:
+    async def _submit(self, job: _Job, error: Callable[[str, bool], _T]) -> dict[str, _T]:
         """The pass's answers; a pass that failed as a whole (an unreadable checkpoint, a
         bug) still answers every claim, with the reason."""
         try:
@@ -182,14 +228,17 @@ class ClaimPreparer:
             log.exception(
                 "%s of %d claim(s) failed driver=%s", job.kind, len(job.refs), self.driver
             )
+            disk = isinstance(exc, OSError)
             if isinstance(exc, OSError):
                 why = diskerrors.state_dir(self.state_dir, exc, "cannot use the checkpoint")
             else:
                 why = f"internal error: {type(exc).__name__}: {exc}"
-            return {r.uid: error(f"{r}: {job.kind} failed: {why}") for r in job.refs}
+            return {r.uid: error(f"{r}: {job.kind} failed: {why}", disk) for r in job.refs}
 
     # --- locking, batching and recovery ---------------------------------------------
     async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
+        for job in jobs:  # made while the GETs were under way: done by now, normally
+            job.made = await _made(job.ahead)
         devices = dict(self._devices())
         result, held = await asyncio.to_thread(
             self._with_file_lock, lambda st: self._pass(st, jobs, devices)
@@ -215,7 +264,8 @@ class ClaimPreparer:
                     done: Mapping[str, Any] = {}
                 elif run[0].kind is JobKind.PREPARE:
                     fetched = {u: f for job in run for u, f in job.fetched.items()}
-                    done = self._prepare(state, list(refs.values()), fetched, devices)
+                    ahead = {u: t for job in run for u, t in job.made.items()}
+                    done = self._prepare(state, list(refs.values()), fetched, devices, ahead)
                 else:
                     done = self._unprepare(state, list(refs.values()))
             except Exception as exc:  # noqa: BLE001 - the callers of this run get it
@@ -284,101 +334,18 @@ class ClaimPreparer:
             self._on_step(name)
 
     # --- prepare ---------------------------------------------------------------------
-    def _render(
-        self, rec: ClaimRecord, devices: Sequence[Device]
-    ) -> tuple[ClaimRecord, cdi.RenderedSpec]:
-        """The claim's spec (carrying its record) and the record with its file and ids."""
-        unique = list({d.name: d for d in devices}.values())
-        rendered = cdi.render_claim_spec(
-            self.driver,
-            rec.uid,
-            unique,
-            edits=self._claim_edits(unique, self._contexts(rec)),
-            max_version=self.options.max_version,
-            record=specrecord.encode(rec),
-        )
-        ids = rendered.cdi_ids
-        devs = tuple(replace(d, cdi_ids=ids[d.device]) for d in rec.devices)
-        return replace(rec, spec_file=rendered.file_name, devices=devs), rendered
-
     def _prepare(
         self,
         state: State,
         refs: list[ClaimRef],
         fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
-    ) -> dict[str, PrepareResult]:
-        out: dict[str, PrepareResult] = {}
-        self._contexts.clear()  # the last pass's API reads are not this one's
-        holdings = Holdings.of(state.claims, self.sharing)
-        pending: dict[str, tuple[ClaimRecord, cdi.RenderedSpec]] = {}
-        for ref in refs:
-            rec = state.claims.get(ref.uid)
-            proven = ref.uid not in self._unproven
-            if rec is not None and rec.state == COMPLETED and not rec.recovered and proven:
-                try:
-                    ensured = self._writer.ensure(rec, devices, self._made.render_ensured)
-                    out[ref.uid] = prepared_result(ensured)
-                except OSError as exc:
-                    why = diskerrors.cdi_dir(self.cdi_root, exc, "cannot re-create its CDI spec")
-                    out[ref.uid] = PrepareResult(error=f"{ref}: {why}")
-                except (cdi.CdiError, MakeError) as exc:
-                    out[ref.uid] = PrepareResult(error=f"{ref}: {exc}")
-                continue
-            got = fetched.get(ref.uid)
-            if got is None:  # another instance unprepared it while we waited for the lock
-                out[ref.uid] = PrepareResult(error=f"{ref}: changed while waiting; retry")
-                continue
-            if isinstance(got, FetchFailed):
-                out[ref.uid] = PrepareResult(error=got.message)
-                continue
-            mark = holdings.mark()
-            try:
-                chosen = select(
-                    str(ref),
-                    ref.uid,
-                    got,
-                    driver=self.driver,
-                    pool=self.node_name,
-                    devices=devices,
-                    holdings=holdings,
-                )
-                if not chosen:  # nothing of ours in this claim: nothing to inject or record
-                    out[ref.uid] = PrepareResult()
-                    continue
-                ctx = context.from_api(str(ref), got, self.driver, chosen)
-                context.refuse_unknown(str(ref), ctx, self.driver, self._opaque_configs)
-                self._contexts.add(ctx)
-                meta = self._metadata.plan(ref.uid, got, chosen) if self.device_metadata else None
-                draft = ClaimRecord(
-                    ref.uid,
-                    ref.namespace,
-                    ref.name,
-                    STARTED,
-                    "",
-                    device_records(chosen, self.node_name),
-                    boot_id=self._checkpoint.boot_id,
-                    device_metadata=meta,
-                )
-                pending[ref.uid] = self._render(draft, [c.device for c in chosen])
-            except Exception as exc:  # noqa: BLE001 - one claim's failure is its own
-                holdings.rollback(mark)  # a refused claim blocks none after it in this call
-                out[ref.uid] = PrepareResult(error=self._claim_error(ref, exc))
-                continue
-        if not pending:
-            self._checkpoint.flush()  # re-rendered specs (SpecWriter.ensure) become durable
-            return out
-        self._writer.commit(state, pending, out, devices)
-        self._unproven.difference_update(u for u in pending if not out[u].error)
-        return out
-
-    def _claim_error(self, ref: ClaimRef, exc: Exception) -> str:
-        if isinstance(exc, ClaimError):
-            return str(exc)
-        if isinstance(exc, cdi.CdiError | devicemetadata.MetadataError):
-            return f"{ref}: {exc}"
-        log.exception("%s: unexpected error while preparing", ref)
-        return f"{ref}: internal error: {type(exc).__name__}: {exc}"
+        ahead: Mapping[str, list[Path]],
+    ) -> dict[str, Outcome]:
+        claim_pass = PreparePass(self._parts, state, devices, ahead)
+        done = claim_pass.run(refs, fetched, self._unproven)
+        self._unproven.difference_update(claim_pass.recorded)  # judged on the API's word
+        return done
 
     # --- unprepare -------------------------------------------------------------------
     def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:

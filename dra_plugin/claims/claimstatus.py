@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice, PrepareResult
+from dra_plugin.claims.claims import ClaimHandler, ClaimRef, Outcome, Prepared, PreparedDevice
 from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
 from dra_plugin.telemetry import metrics
@@ -198,13 +198,13 @@ class ClaimStatusReporter:
         self.writes = 0
         self.failures = 0
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]:
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
         with self._activity.busy():
             results = await self._inner.prepare(claims)
         devices = self._devices()
         for ref in claims:
             res = results.get(ref.uid)
-            if res is None or res.error or not res.devices:
+            if not isinstance(res, Prepared) or not res.devices:
                 continue
             entries = status_entries(
                 self.driver, res.devices, devices, self._now(), self._share_condition

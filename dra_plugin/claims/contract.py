@@ -1,14 +1,17 @@
 """The prepare contract between the gRPC servicers and a driver's claim handler.
 
 What the kubelet sends (`ClaimRef`, checked by `check_ref` before any UID becomes a file
-name) and what it gets back. Per-claim outcomes are data (`PrepareResult.error`); only a
-failure of the whole call raises.
+name) and what each claim's prepare ends as: an `Outcome`, `Prepared` or `ClaimFailed`
+(with its `Failure` kind and the message the kubelet gets). Outcomes are data until the
+servicer (kubelet/server.py) writes them into the kubelet's answer; only a failure of
+the whole call raises.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
 from dra_plugin.cdi import claims as cdi
@@ -41,16 +44,63 @@ class PreparedDevice:
     vendor: VendorEntry | None = field(default=None, compare=False)
 
 
+class Failure(StrEnum):
+    """Why a claim's prepare failed (logged with it; the kubelet gets the message)."""
+
+    REFERENCE = "reference"  # the kubelet's claim reference cannot be used
+    API = "api"  # the claim could not be read from the API
+    CHANGED = "changed"  # unprepared by another instance while this call waited
+    REFUSED = "refused"  # its allocation cannot be used on this node (allocation.ClaimError)
+    SPEC = "spec"  # its CDI spec cannot be rendered or written (cdi.CdiError)
+    METADATA = "metadata"  # its device metadata files (devicemetadata.MetadataError)
+    DISK = "disk"  # a file of ours cannot be written or read (OSError)
+    MAKE = "make"  # a device made on demand (vendors.base.MakeError)
+    INTERNAL = "internal"  # a bug
+    UNKNOWN = "unknown"  # a handler that gave only a message (PrepareResult)
+
+
 @dataclass(frozen=True)
-class PrepareResult:
+class Prepared:
+    """The claim is prepared: its devices as the kubelet gets them."""
+
     devices: tuple[PreparedDevice, ...] = ()
-    error: str = ""
+
+    @property
+    def error(self) -> str:
+        """'' (the kubelet's error field for a prepared claim)."""
+        return ""
+
+
+@dataclass(frozen=True)
+class ClaimFailed:
+    """The claim's prepare failed; `message` names the claim and says why."""
+
+    kind: Failure
+    message: str
+
+    @property
+    def error(self) -> str:
+        """The kubelet's error field."""
+        return self.message
+
+    @property
+    def devices(self) -> tuple[PreparedDevice, ...]:
+        return ()
+
+
+Outcome = Prepared | ClaimFailed
+
+
+def PrepareResult(devices: tuple[PreparedDevice, ...] = (), error: str = "") -> Outcome:
+    """An outcome from the kubelet's two fields (a handler that keeps no kinds: test
+    doubles of the servicer); an error is of kind UNKNOWN."""
+    return ClaimFailed(Failure.UNKNOWN, error) if error else Prepared(devices)
 
 
 class ClaimHandler(Protocol):
     """One per DRA driver. Returns an entry for every claim passed in."""
 
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, PrepareResult]: ...
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]: ...
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         """uid -> error text ('' on success)."""
@@ -77,12 +127,13 @@ def check_ref(ref: ClaimRef) -> str:
     return ""
 
 
-def prepared_result(rec: ClaimRecord) -> PrepareResult:
+def prepared(rec: ClaimRecord) -> Prepared:
+    """The answer for a claim its record holds as prepared."""
     # Device metadata CDI IDs ride with the first device of each request (as the library).
     ids = devicemetadata.inject(
         [(d.request_names, d.cdi_ids) for d in rec.devices], devicemetadata.recorded(rec)
     )
-    return PrepareResult(
+    return Prepared(
         devices=tuple(
             PreparedDevice(d.request_names, d.pool, d.device, i, d.share_id, d.vendor)
             for d, i in zip(rec.devices, ids, strict=True)

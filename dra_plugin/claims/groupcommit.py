@@ -73,6 +73,11 @@ class GroupCommit(Generic[J, R]):
         finally:
             self._arriving -= 1
 
+    def quiet(self) -> bool:
+        """No pass running or queued and no caller on its way: a call now is alone."""
+        idle = self._worker is None or self._worker.done()
+        return idle and not self._queue and not self._arriving
+
     async def submit(self, job: J) -> R:
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((job, fut))

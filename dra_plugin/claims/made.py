@@ -1,5 +1,6 @@
 """Devices a driver makes on demand (vendors.base.OnDemand: partitions of a GPU), as the claim
-passes see them: made after the claim's `started` entry, found again on a re-prepare,
+passes see them: made after the claim's `started` entry and before its spec is rendered,
+found again on a re-prepare,
 destroyed when the claim is unprepared or its half-done prepare is undone, and reconciled
 with the record at start-up. The vendor sees the claim's context (claims/context.py) and
 what it made is recorded in the devices' vendor entries: with `completed`, or at once
@@ -25,7 +26,6 @@ from dra_plugin.vendors.base import Made, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 log = logging.getLogger(__name__)
-Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
 
 
 def with_vendor(rec: ClaimRecord, made: Made | Mapping[str, VendorEntry]) -> ClaimRecord:
@@ -43,14 +43,12 @@ class MadeDevices:
     def __init__(
         self,
         on_demand: OnDemand | None,
-        render: Render,
         metadata: MetadataFiles,
         claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
         record: Callable[[ClaimRecord], None] | None = None,
         cdi_root: Path | None = None,
     ):
         self.on_demand = on_demand
-        self._render = render
         self._metadata = metadata
         self._claim = claim  # the context the vendor sees for a record
         self._record = record  # writes a claim's record now (not fsync'd)
@@ -84,37 +82,22 @@ class MadeDevices:
             return
         if kind(self._cdi_root / rec.spec_file) != "file":
             return
-        path = self._cdi_root / cdi.record_file_name(rec.spec_file)
+        path = self._cdi_root / specrecord.file_name(rec.spec_file)
         try:
             atomic_write(path, specrecord.encode(rec).encode(), cdi.SPEC_MODE, durable=False)
         except OSError as exc:  # the record has it; its re-prepare reads it from the API
             log.warning("cannot update spec record %s: %s", path, exc)
 
-    def made(
-        self, rec: ClaimRecord, rendered: cdi.RenderedSpec, devices: Mapping[str, Device]
-    ) -> tuple[ClaimRecord, cdi.RenderedSpec]:
-        """After the claim's `started` entry: its devices made on demand, and its spec
-        rendered again with what they became (nodes, UUIDs, vendor entries). Raises
-        MakeError."""
-        chosen = list({d.device: devices[d.device] for d in rec.devices}.values())
+    def make(self, rec: ClaimRecord, devices: Sequence[Device]) -> tuple[ClaimRecord, list[Device]]:
+        """The claim's devices made on demand (or found, made earlier for it: a re-prepare,
+        or after a reboot), before its spec is rendered: the record with the vendor
+        entries `make` returned, and the devices as the claim gets them (nodes, UUIDs).
+        Raises MakeError, having undone what it made."""
+        unique = list({d.name: d for d in devices}.values())
         if self.on_demand is None:
-            return rec, rendered
-        made = self.on_demand.make(self._recording(self._claim(rec), rec), chosen)
-        if made.devices == chosen and not made.vendor:
-            return rec, rendered
-        return self._render(with_vendor(rec, made), made.devices)
-
-    def render_ensured(
-        self, rec: ClaimRecord, devices: Sequence[Device]
-    ) -> tuple[ClaimRecord, cdi.RenderedSpec]:
-        """A re-prepare's render: devices made on demand are found (or made again after a
-        reboot) first."""
-        if self.on_demand is not None:
-            made = self.on_demand.make(
-                self._recording(self._claim(rec), rec), list({d.name: d for d in devices}.values())
-            )
-            rec, devices = with_vendor(rec, made), made.devices
-        return self._render(rec, devices)
+            return rec, unique
+        made = self.on_demand.make(self._recording(self._claim(rec), rec), unique)
+        return with_vendor(rec, made), made.devices
 
     def release(self, ref: ClaimRef | None, rec: ClaimRecord | None) -> None:
         """Destroy what was made for the claim (as recorded; `ref` alone for a claim the

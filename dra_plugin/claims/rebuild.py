@@ -35,7 +35,7 @@ from dra_plugin.checkpoint.snapshot import (
     DeviceRecord,
     State,
 )
-from dra_plugin.claims import diskerrors
+from dra_plugin.claims import diskerrors, specfiles
 from dra_plugin.host import files
 from dra_plugin.vendors.base import MakeError
 
@@ -55,7 +55,7 @@ def settle(
         rec = state.claims[uid]
         try:
             if rec.spec_file:
-                cdi.remove_spec(cdi_root, rec.spec_file)
+                specfiles.remove(cdi_root, rec.spec_file)
             if also is not None:
                 also(rec)
         except (OSError, MakeError) as exc:
@@ -78,7 +78,7 @@ def from_spec(path: Path, driver: str, uid: str, node_name: str) -> ClaimRecord 
     if spec is None:
         return None
     ids = cdi.claimed_devices(spec, driver, uid)
-    text = cdi.read_record(path.parent, path.name)
+    text = specrecord.read(path.parent, path.name)
     if text is not None:
         try:
             return specrecord.decode(text, uid, path.name, ids)
@@ -94,7 +94,7 @@ def from_lone_record(path: Path, driver: str, uid: str) -> ClaimRecord | None:
     them again; its spec is rendered at the kubelet's re-prepare. None when the record
     file is unreadable or damaged (an ERROR says so)."""
     spec_file = cdi.spec_file_name(driver, uid)
-    text = cdi.read_record(path.parent, spec_file)
+    text = specrecord.read(path.parent, spec_file)
     if text is None or files.kind(path) != "file":
         return None
     try:
@@ -114,18 +114,28 @@ def written(state: State, cdi_root: Path, driver: str) -> list[ClaimRecord]:
         rec = state.claims[uid]
         if rec.state != STARTED or not rec.spec_file:
             continue
-        held = {d.device for d in rec.devices}
-        if (
-            cdi.spec_problem(cdi_root, driver, rec.spec_file, uid, held, specrecord.encode(rec))
-            == ""
-        ):
+        if specfiles.problem(cdi_root, driver, rec) == "":
             log.warning(
                 "%s: its prepare was cut off after its CDI spec was written; kept as prepared "
                 "(the kubelet prepares it again or unprepares it)",
                 who(rec),
             )
-            out.append(replace(rec, state=COMPLETED))
+            out.append(_kept(rec, driver))
     return out
+
+
+def _kept(rec: ClaimRecord, driver: str) -> ClaimRecord:
+    """A `started` claim kept as prepared. One recorded before its spec was rendered (its
+    devices made on demand first) has no CDI ids yet: it gets each device's own, and an
+    empty boot ID so that the kubelet's re-prepare renders it again and answers them all
+    (as for a record rebuilt from its spec)."""
+    if all(d.cdi_ids for d in rec.devices):
+        return replace(rec, state=COMPLETED)
+    devices = tuple(
+        replace(d, cdi_ids=d.cdi_ids or (cdi.qualified_id(driver, rec.uid, d.device),))
+        for d in rec.devices
+    )
+    return replace(rec, state=COMPLETED, devices=devices, boot_id="")
 
 
 def unproven(state: State, cdi_root: Path, driver: str) -> set[str]:
@@ -144,7 +154,7 @@ def unproven(state: State, cdi_root: Path, driver: str) -> set[str]:
         if uid not in specs:
             out.add(uid)
             continue
-        text = cdi.read_record(cdi_root, rec.spec_file)
+        text = specrecord.read(cdi_root, rec.spec_file)
         if text is not None:
             if text != specrecord.encode(rec):
                 out.add(uid)
@@ -182,7 +192,7 @@ def rebuild(cdi_root: Path, driver: str, node_name: str) -> dict[str, ClaimRecor
             log.error("CDI spec %s cannot be read: left in place, its claim unknown", path)
             continue
         out[uid] = rec
-    for uid, path in cdi.list_record_files(cdi_root, driver).items():
+    for uid, path in specfiles.lone_records(cdi_root, driver).items():
         if uid not in out and (rec := from_lone_record(path, driver, uid)) is not None:
             out[uid] = rec
     return out
@@ -209,7 +219,7 @@ def adopt_orphans(state: State, cdi_root: Path, driver: str, node_name: str) -> 
                 path.name,
             )
             adopted.append(rec)
-    for uid, path in cdi.list_record_files(cdi_root, driver).items():
+    for uid, path in specfiles.lone_records(cdi_root, driver).items():
         if uid not in state.claims and (rec := from_lone_record(path, driver, uid)) is not None:
             log.error(
                 "%s: its claim record %s exists without its CDI spec and the checkpoint lacks "
@@ -227,7 +237,7 @@ def collect_orphans(state: State, cdi_root: Path, driver: str, *, intact: bool =
         log.info("claims loaded driver=%s prepared=%d orphans_removed=0", driver, len(state.claims))
         return
     try:
-        removed = cdi.gc_spec_files(cdi_root, driver, state.claims)
+        removed = specfiles.collect(cdi_root, driver, state.claims)
     except OSError as exc:  # a read-only CDI dir must not stop the daemon: prepares say why
         log.error("%s", diskerrors.cdi_dir(cdi_root, exc, "cannot remove orphan CDI specs"))
         removed = []

@@ -17,7 +17,7 @@ from pathlib import Path
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import UNPREPARING, ClaimRecord, State
-from dra_plugin.claims import diskerrors
+from dra_plugin.claims import diskerrors, specfiles
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.host.files import batched_dir_syncs
@@ -61,7 +61,7 @@ def unprepare(
             # Unknown UIDs succeed; a stray file of ours for that UID goes too.
             name = rec.spec_file if rec else cdi.spec_file_name(driver, ref.uid)
             try:
-                if name and cdi.remove_spec(cdi_root, name):
+                if name and specfiles.remove(cdi_root, name):
                     step("spec-removed")
             except OSError as exc:
                 why = diskerrors.cdi_dir(cdi_root, exc, f"cannot remove CDI spec {name}")

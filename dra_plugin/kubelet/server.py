@@ -28,7 +28,7 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PrepareResult
+from dra_plugin.claims.claims import ClaimFailed, ClaimHandler, ClaimRef, Failure, Outcome
 from dra_plugin.host.files import PRIVATE_DIR_MODE, make_dir
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.kubelet.healthservice import HEALTH_SERVICES, add_health_services
@@ -130,24 +130,26 @@ class _DRAServicer:
 
         async def call() -> Any:
             try:
-                results = await self._handler.prepare(claims)
+                results: Mapping[str, Outcome] = await self._handler.prepare(claims)
             except Exception as exc:  # a bug answers each claim, not the call
                 log.exception("prepare of %d claim(s) failed driver=%s", len(claims), self._driver)
                 why = f"internal error: {type(exc).__name__}"
                 results = {
-                    c.uid: PrepareResult(error=f"{c}: prepare failed: {why}") for c in claims
+                    c.uid: ClaimFailed(Failure.INTERNAL, f"{c}: prepare failed: {why}")
+                    for c in claims
                 }
-            results = _missing(claims, results, PrepareResult(error="no result from plugin"))
+            missing = ClaimFailed(Failure.INTERNAL, "no result from plugin")
             resp = self._pb.NodePrepareResourcesResponse()
-            for uid, res in results.items():
+            for uid, res in _missing(claims, results, missing).items():
                 entry = resp.claims[uid]
-                if res.error:
-                    entry.error = _wire_text(res.error)
+                if isinstance(res, ClaimFailed):
+                    entry.error = _wire_text(res.message)
                     metrics.claim_error(self._driver, "prepare")
                     log.warning(
-                        "prepare failed driver=%s claim_uid=%s error=%s",
+                        "prepare failed driver=%s claim_uid=%s kind=%s error=%s",
                         self._driver,
                         uid,
+                        res.kind,
                         entry.error,
                     )
                     continue

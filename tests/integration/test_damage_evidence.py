@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.devices import Device
@@ -171,7 +172,7 @@ class Kubelet:
         )
 
     def record(self, name: str) -> Path:
-        return self.spec(name).with_name(cdi.record_file_name(self.spec(name).name))
+        return self.spec(name).with_name(specrecord.file_name(self.spec(name).name))
 
 
 def _damage_count(driver: str) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME, LOCK_NAME
 from dra_plugin.claims import devicemetadata as dm
 from dra_plugin.claims.claims import ClaimPreparer
@@ -139,7 +140,7 @@ def _targets(node: Node, a_uid: str) -> dict[str, Path]:
         "journal": state / JOURNAL_NAME,
         "lock": state / LOCK_NAME,
         "spec": cdi_dir / cdi.spec_file_name(node.driver, a_uid),
-        "record": cdi_dir / cdi.record_file_name(cdi.spec_file_name(node.driver, a_uid)),
+        "record": cdi_dir / specrecord.file_name(cdi.spec_file_name(node.driver, a_uid)),
         "metadata-file": claim_dir / "gpu" / dm.FILE_NAME,
         "metadata-dir": claim_dir,
         "metadata-spec": cdi_dir / f"{node.driver}_metadata_{a_uid}_gpu.json",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint import journal, snapshot
+from dra_plugin.checkpoint import journal, snapshot, specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.telemetry import metrics
@@ -176,10 +176,10 @@ def test_a_damaged_spec_is_written_again_on_re_prepare(
     elif how == "other devices":
         spec.write_bytes(good.replace(devices[0].name.encode(), devices[1].name.encode()))
     else:
-        (tmp_path / "cdi" / cdi.record_file_name(spec.name)).unlink()
+        (tmp_path / "cdi" / specrecord.file_name(spec.name)).unlink()
     again = asyncio.run(p.prepare([ref(c)]))[uid(1)]
     assert again == first
     assert spec.read_bytes() == good
-    assert (tmp_path / "cdi" / cdi.record_file_name(spec.name)).is_file()
+    assert (tmp_path / "cdi" / specrecord.file_name(spec.name)).is_file()
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("writing it again" in m and uid(1) in m for m in warned), warned

@@ -236,7 +236,7 @@ def test_hooks_see_the_configs_and_the_record_keeps_the_vendor_entry(tmp_path: P
     assert state is not None and state.claims[uid(1)].devices[0].vendor == entry
     # The spec record beside the spec.
     rec = state.claims[uid(1)]
-    text = (tmp_path / "cdi" / cdi.record_file_name(rec.spec_file)).read_text()
+    text = (tmp_path / "cdi" / specrecord.file_name(rec.spec_file)).read_text()
     assert json.loads(text)["devices"][0]["vendor"] == entry
     # The rebuild after both checkpoint files are lost.
     for name in (FILE_NAME, JOURNAL_NAME):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
 from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice
@@ -359,5 +360,5 @@ def test_hostile_uid_prepare_writes_only_our_file_names(claim_uid: str) -> None:
         else:
             assert cdi.valid_claim_uid(claim_uid)
             spec = cdi.spec_file_name(DRIVER, claim_uid)
-            assert sorted(written) == [spec, cdi.note_file_name(spec)]
+            assert sorted(written) == [spec, specrecord.file_name(spec)]
         assert sorted(os.listdir(root)) == ["cdi", "state"]

@@ -15,6 +15,7 @@ import pytest
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
+from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import (
     COMPLETED,
@@ -218,7 +219,7 @@ def test_off_changes_nothing(tmp_path: Path) -> None:
     spec = cdi.spec_file_name(DRIVER, U)
     assert sorted(p.name for p in (tmp_path / "off" / "cdi").iterdir()) == [
         spec,
-        cdi.note_file_name(spec),
+        specrecord.file_name(spec),
     ]
     assert b"deviceMetadata" not in stored_bytes(tmp_path / "off")
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.cdi import claims as cdi
+from dra_plugin.checkpoint import specrecord
 from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
 
 DEVICES = [intel_device(i) for i in range(4)]
@@ -70,7 +71,7 @@ def test_a_prepare_writes_spec_and_record_in_one_step(
     specs = [cdi.spec_file_name(DRIVER, c["metadata"]["uid"]) for c in objs[:claims]]
     step: list[tuple[str, str]] = []
     for spec in specs:
-        record = cdi.record_file_name(spec)
+        record = specrecord.file_name(spec)
         created = [c for c in calls if c[0] == "create" and c[1].startswith(f".{record}.tmp-")]
         created += [c for c in calls if c[0] == "create" and c[1].startswith(f".{spec}.tmp-")]
         assert len(created) == 2, calls
