@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from dra_plugin.cdi.claims import ClaimEdits
+from dra_plugin.cdi.claims import CdiError, ClaimEdits
 from dra_plugin.devices import Device
 from dra_plugin.findings.findings import Finding
 from dra_plugin.host.drm import Unpublished
@@ -25,14 +25,16 @@ from dra_plugin.vendors.base import (
     Vendor,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext
-from dra_plugin.vendors.nvidia import cdi, nvml, vfio
+from dra_plugin.vendors.nvidia import cdi, claimconfigs, configs, nvml, vfio
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
 from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
+from dra_plugin.vendors.nvidia.sharingconfig import Strategy
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
+from dra_plugin.vendors.nvidia.timeslice import TimeSlicer
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +70,17 @@ class NvidiaDriver(Driver):
     """The NVIDIA driver: its settings, the health monitor it started, the CDI plan last
     logged."""
 
+    # NVIDIA's own configs (resource.nvidia.com/v1beta1), decoded as its driver does.
+    opaque_configs = configs.UNDERSTOOD
+
     def __init__(self, vendor: Vendor, settings: NvidiaSettings) -> None:
         self.vendor = vendor
         self.settings: NvidiaSettings = settings
         self.health: NvmlHealthMonitor | None = None  # set by monitors()
         self.maker: MigMaker | None = None  # set by on_demand() with NVIDIA_MIG_PARTITIONS
+        self.timeslicer: TimeSlicer | None = None  # set by on_demand()
+        # Whether a step serves MPS; until one does, a claim asking for MPS is refused.
+        self.serves_mps = False
         self._plan_reason = ""  # the userspace plan is logged when it changes
 
     @property
@@ -104,6 +112,7 @@ class NvidiaDriver(Driver):
         self, devices: Sequence[Device], host_root: Path, claim: ClaimContext
     ) -> ClaimEdits:
         vfio.refuse_mixed(devices)
+        self._check_configs(devices, claim)
         if devices and all(vfio.is_vfio(d) for d in devices):
             return vfio.claim_edits(devices)
         opts = cdi.UserspaceOptions.of(self.settings, host_root)
@@ -114,6 +123,20 @@ class NvidiaDriver(Driver):
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         return cdi.claim_edits(devices, plan)
 
+    def _check_configs(self, devices: Sequence[Device], claim: ClaimContext) -> None:
+        """The claim's NVIDIA configs, refused before anything is prepared when one is
+        invalid or asks for what this driver does not do (CdiError: the claim's error)."""
+        try:
+            found = claimconfigs.applied(claim, {d.name: d for d in devices})
+        except configs.NvidiaConfigError as exc:
+            raise CdiError(str(exc)) from exc
+        for a in found.values():
+            if a.sharing is not None and a.sharing.strategy is Strategy.MPS and not self.serves_mps:
+                raise CdiError(
+                    f"{a.config.named()}: sharing.strategy: MPS for device {a.device} is not "
+                    "served by this driver; the claim was not prepared"
+                )
+
     def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> ClaimSteps | None:
         # Each per-claim step (claimsteps.py) in the order it runs at prepare.
         steps: list[OnDemand] = []
@@ -123,7 +146,12 @@ class NvidiaDriver(Driver):
                 self.driver_name, self.settings.driver_root, state_dir, boot_id, host_root / "proc"
             )
             steps.append(self.maker)
-        return ClaimSteps(steps) if steps else None
+        # After MIG: it sets full GPUs only. Always there: any claim may ask for it.
+        self.timeslicer = TimeSlicer(
+            self.driver_name, self.settings.driver_root, state_dir, boot_id
+        )
+        steps.append(self.timeslicer)
+        return ClaimSteps(steps)
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         if self.maker is not None:  # made and destroyed instances: health follows

@@ -1,0 +1,302 @@
+"""NVIDIA's configs and time-slicing through the real prepare path: the real NVIDIA driver
+(NVML stand-in GPUs, its configs, its per-claim steps), the real ClaimPreparer, and the
+nvidia-smi stand-in in the driver root recording every call. NVIDIA's own example
+manifests (tests/fixtures/nvidia_configs/) are prepared without edits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.devices import DeviceNode, make_device
+from dra_plugin.vendors.nvidia.model import NVIDIA
+from fakes.claim_harness import FakeApi, ref, share_id
+from fakes.nvidia_claims import allocated, manifest_spec
+from fakes.nvidia_smi import SmiStandIn
+from fakes.nvml_lib import build_fake_nvml
+from fakes.timeslice_node import SliceNode, driver_root, stand_in_env
+
+GPU0 = "GPU-5e1a6f3c-0b1d-4c2e-9f3a-7d8e9f0a1b2c"  # datacenter profile, gpu-0
+GPU1 = "GPU-0a9b8c7d-6e5f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+def node_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, profile: str = "datacenter", **kw: Any
+) -> tuple[Path, SmiStandIn, FakeApi, Callable[..., SliceNode]]:
+    for k, v in stand_in_env(profile).items():
+        monkeypatch.setenv(k, v)
+    droot, smi = driver_root(build_fake_nvml(), tmp_path, profile, **kw)
+    api = FakeApi()
+
+    def make(**node_kw: Any) -> SliceNode:
+        return SliceNode(droot, tmp_path, api, **node_kw)
+
+    return droot, smi, api, make
+
+
+def prepare(node: SliceNode, obj: dict[str, Any]) -> str:
+    return asyncio.run(node.preparer.prepare([ref(obj)]))[ref(obj).uid].error
+
+
+def unprepare(node: SliceNode, obj: dict[str, Any]) -> str:
+    return asyncio.run(node.preparer.unprepare([ref(obj)]))[ref(obj).uid]
+
+
+def record(tmp_path: Path) -> Checkpoint:
+    return Checkpoint(tmp_path / "state", "gpu.nvidia.com", boot_id=lambda: "boot-1")
+
+
+def held(tmp_path: Path) -> set[str]:
+    state = record(tmp_path).read()
+    return set(state.claims) if state is not None else set()
+
+
+def vendor_entries(tmp_path: Path, uid: str) -> dict[str, Any]:
+    state = record(tmp_path).read()
+    assert state is not None
+    return {d.device: d.vendor for d in state.claims[uid].devices}
+
+
+def start(node: SliceNode) -> None:
+    asyncio.run(node.preparer.startup())
+
+
+@pytest.mark.parametrize(
+    ("fixture", "interval"), [("gpu-test6.yaml", 3), ("gpu-timeslicing.yaml", 1)]
+)
+def test_nvidias_time_slicing_manifests_set_the_gpu_and_reset_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str, interval: int
+) -> None:
+    droot, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec(fixture), {"gpu": "gpu-3"})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == interval
+    assert smi.gpu(GPU0)["timeslice"] == 0
+    # The claim holds the GPU whole: compute mode Default first, as NVIDIA's driver does.
+    assert smi.calls() == [
+        ["-i", GPU1, "-c", "DEFAULT"],
+        ["compute-policy", "-i", GPU1, "--set-timeslice", str(interval)],
+    ]
+    # nvidia-smi from the driver root, with its NVML library preloaded.
+    lib = (droot / "usr/lib64/libnvidia-ml.so.1").resolve()
+    assert smi.preloads()[0].split(":")[0] == str(lib)
+    entry = vendor_entries(tmp_path, ref(obj).uid)["gpu-3"]
+    assert entry["timeslice"] == {"gpu": GPU1, "interval": interval}
+    # The kubelet's repeated prepare changes nothing on the GPU.
+    assert prepare(node, obj) == ""
+    assert len(smi.calls()) == 2
+    assert unprepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == 0
+    assert smi.timeslice_calls()[-1] == (GPU1, 0)
+    assert json.loads((tmp_path / "state/timeslice.json").read_text())["gpus"] == {}
+
+
+def test_a_gpu_left_exclusive_is_set_back_to_default_for_a_whole_gpu_claim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    state = smi.state()
+    state["gpus"][GPU0]["compute_mode"] = "Exclusive_Process"
+    smi.state_path.write_text(json.dumps(state))
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.gpu(GPU0)["compute_mode"] == "Default"
+
+
+def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    rendered: list[str] = []
+    edits = node.preparer._claim_edits
+
+    def counting(devs: Any, claim: Any) -> Any:
+        rendered.append(claim.uid)
+        return edits(devs, claim)
+
+    node.preparer._claim_edits = counting
+    start(node)
+    plain = allocated(1, {"devices": {"requests": [{"name": "gpu"}]}}, {"gpu": "gpu-0"})
+    sliced = allocated(2, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-3"})
+    api.add(plain)
+    api.add(sliced)
+    assert prepare(node, plain) == ""
+    assert rendered == [ref(plain).uid]  # once: the step made nothing for it
+    assert prepare(node, sliced) == ""
+    assert rendered.count(ref(sliced).uid) == 2  # again with the step's vendor entry
+    assert unprepare(node, plain) == ""
+    assert smi.calls() == [
+        ["-i", GPU1, "-c", "DEFAULT"],
+        ["compute-policy", "-i", GPU1, "--set-timeslice", "3"],
+    ]
+    assert vendor_entries(tmp_path, ref(sliced).uid)["gpu-3"] is not None
+
+
+def test_shares_of_one_gpu_keep_the_held_claims_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    node.driver = node.driver.rebound(
+        type(node.driver.settings)(**{**vars(node.driver.settings), "sharing_mode": "shared"})
+    )
+    node.preparer.sharing = node.driver.sharing
+    start(node)
+    long = allocated(
+        1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(1)}
+    )
+    short = allocated(
+        2, manifest_spec("gpu-timeslicing.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(2)}
+    )
+    for obj in (long, short):
+        api.add(obj)
+        assert prepare(node, obj) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 1  # the last asked
+    assert not any("-c" in c for c in smi.calls())  # a share never changes the compute mode
+    assert unprepare(node, short) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 3  # the held claim's setting is kept
+    assert unprepare(node, long) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 0
+    assert smi.timeslice_calls() == [(GPU0, 3), (GPU0, 1), (GPU0, 3), (GPU0, 0)]
+
+
+def test_nvidias_mig_manifest_prepares_and_touches_no_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch, profile="a100-mig")
+    node = make()
+    start(node)
+    mig, other = [d.name for d in node.devices.values() if d.attrs.get("type") == "mig"][:2]
+    obj = allocated(1, manifest_spec("gpu-simple-mig-ts.yaml"), {"mig1gts": mig})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.calls() == []
+    # A GpuConfig asking for time-slicing on that MIG device is the claim's error.
+    spec = manifest_spec("gpu-test6.yaml")
+    bad = allocated(2, spec, {"gpu": other})
+    api.add(bad)
+    err = prepare(node, bad)
+    assert "opaque config #0 (FromClaim)" in err and "cannot apply GpuConfig" in err, err
+    assert smi.calls() == []
+
+
+def test_nvidias_vfio_manifest_prepares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    node.devices["gpu-vfio-0"] = make_device(
+        name="gpu-vfio-0", vendor=NVIDIA, driver="gpu.nvidia.com",
+        attributes={"type": "vfio"}, extra={"type": "vfio"},
+        nodes=(DeviceNode("/dev/vfio/12", 511, 1),),
+        shared_nodes=(DeviceNode("/dev/vfio/vfio", 10, 196),),
+    )  # fmt: skip
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test-vfio-config.yaml"), {"gpu": "gpu-vfio-0"})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    spec = json.loads(next((tmp_path / "cdi").glob("*.json")).read_text())
+    assert "/dev/vfio/vfio" in json.dumps(spec)  # the API device NVIDIA's config enables
+    assert smi.calls() == []
+
+
+@pytest.mark.parametrize("fixture", ["gpu-test-mps.yaml", "gpu-test5.yaml"])
+def test_mps_manifests_are_refused_until_a_step_serves_mps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fixture: str
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    spec = manifest_spec(fixture)
+    names = [r["name"] for r in spec["devices"]["requests"]]
+    obj = allocated(1, spec, dict(zip(names, ["gpu-0", "gpu-3"], strict=False)))
+    api.add(obj)
+    err = prepare(node, obj)
+    assert "sharing.strategy: MPS" in err and "not served" in err, err
+    assert smi.calls() == []
+    assert not list((tmp_path / "cdi").glob("*.json"))
+
+
+def test_an_invalid_config_is_the_claims_error_and_nothing_is_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    spec = manifest_spec("gpu-test6.yaml")
+    spec["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicingConfig"] = {
+        "interval": "VeryLong"
+    }
+    obj = allocated(1, spec, {"gpu": "gpu-0"})
+    api.add(obj)
+    err = prepare(node, obj)
+    assert err.startswith(
+        f"claim default/claim-1 (uid {ref(obj).uid}): opaque config #0 (FromClaim)"
+    )
+    assert "sharing.timeSlicingConfig.interval: unknown time-slice interval 'VeryLong'" in err
+    assert smi.calls() == []
+    assert ref(obj).uid not in held(tmp_path)
+
+
+def test_not_supported_is_the_claims_error_unless_default_is_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch, unsupported=(GPU0,))
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
+    api.add(obj)
+    err = prepare(node, obj)
+    assert f"device gpu-0: set the time-slice of GPU {GPU0} to 3" in err and "Not Supported" in err
+    assert json.loads((tmp_path / "state/timeslice.json").read_text())["gpus"] == {}
+    spec = manifest_spec("gpu-test6.yaml")
+    spec["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicingConfig"] = {}
+    default = allocated(2, spec, {"gpu": "gpu-0"})
+    api.add(default)
+    assert prepare(node, default) == ""
+    assert unprepare(node, default) == ""
+    # Long refused, the undo's Default, the Default claim's; its unprepare has nothing to set.
+    assert smi.timeslice_calls() == [(GPU0, 3), (GPU0, 0), (GPU0, 0)]
+    assert smi.gpu(GPU0)["timeslice"] == 0
+
+
+def test_a_restart_resets_gpus_of_claims_gone_and_a_reboot_sets_held_ones_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    held = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
+    gone = allocated(2, manifest_spec("gpu-timeslicing.yaml"), {"gpu": "gpu-3"})
+    for obj in (held, gone):
+        api.add(obj)
+        assert prepare(node, obj) == ""
+    # The record and the spec lose `gone` (as after an unprepare whose reset never ran).
+    book = json.loads((tmp_path / "state/timeslice.json").read_text())
+    cp = record(tmp_path)
+    cp.read()
+    cp.drop([ref(gone).uid])
+    for f in (tmp_path / "cdi").glob(f"*{ref(gone).uid}*"):
+        f.unlink()
+    assert GPU1 in book["gpus"]
+    calls = len(smi.calls())
+    start(make())  # the same boot: only the GPU of the claim gone is set
+    assert smi.calls()[calls:] == [["compute-policy", "-i", GPU1, "--set-timeslice", "0"]]
+    assert smi.gpu(GPU0)["timeslice"] == 3
+    # A reboot: every interval was reset; the held claim's is set again.
+    state = smi.state()
+    state["gpus"][GPU0]["timeslice"] = 0
+    smi.state_path.write_text(json.dumps(state))
+    start(make(boot="boot-2"))
+    assert smi.gpu(GPU0)["timeslice"] == 3
