@@ -146,6 +146,40 @@ class OnDemand(Protocol):
         ...
 
 
+class WorkloadError(Exception):
+    """An API call about a vendor's workloads failed; the message names the object."""
+
+
+class Workloads(Protocol):
+    """Workloads a vendor runs beside the plugin (NVIDIA's MPS control daemons): objects
+    in the plugin's own namespace, pinned to this node. Blocking calls, made from the
+    claim passes' worker thread; a failure raises WorkloadError. Objects are dicts in the
+    API's JSON shape."""
+
+    namespace: str  # the plugin's own namespace
+    node_name: str  # the node the workloads are pinned to
+
+    def create_deployment(self, obj: Mapping[str, object]) -> bool:
+        """Create it; False when one of that name exists already."""
+        ...
+
+    def get_deployment(self, name: str) -> Mapping[str, object] | None:
+        """The Deployment, or None when there is none."""
+        ...
+
+    def list_deployments(self, selector: str) -> list[Mapping[str, object]]:
+        """Deployments matching a label selector (`a=b,c=d`)."""
+        ...
+
+    def delete_deployment(self, name: str) -> None:
+        """Delete it with its pods (gone already: nothing to do)."""
+        ...
+
+    def list_pods(self, selector: str) -> list[Mapping[str, object]]:
+        """Pods matching a label selector."""
+        ...
+
+
 class ReadError(Exception):
     """A device could not be read for telemetry; the message says why."""
 
@@ -279,9 +313,12 @@ class Driver(ABC):
         """This driver's node checks."""
         return []
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
-        """What makes this driver's devices on demand, keeping its own record in
-        `state_dir` (the driver's plugin dir); None: every device exists already."""
+    def on_demand(
+        self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
+    ) -> OnDemand | None:
+        """What makes this driver's devices on demand (or prepares them per claim), keeping
+        its own record in `state_dir` (the driver's plugin dir); None: nothing to do per
+        claim. `workloads`: where it may run workloads beside the plugin (None: nowhere)."""
         return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.cdi.claims import ClaimEdits
@@ -23,13 +24,15 @@ from dra_plugin.vendors.base import (
     OnDemand,
     TelemetryReader,
     Vendor,
+    Workloads,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext
-from dra_plugin.vendors.nvidia import cdi, nvml, vfio
+from dra_plugin.vendors.nvidia import cdi, mps, nvml, vfio
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
+from dra_plugin.vendors.nvidia.mps import MpsFor, MpsOptions, MpsStep, no_mps
 from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
@@ -73,6 +76,9 @@ class NvidiaDriver(Driver):
         self.settings: NvidiaSettings = settings
         self.health: NvmlHealthMonitor | None = None  # set by monitors()
         self.maker: MigMaker | None = None  # set by on_demand() with NVIDIA_MIG_PARTITIONS
+        self.mps: MpsStep | None = None  # set by on_demand()
+        # The claim's MPS settings per device; the decoder of NVIDIA's configs sets it.
+        self.mps_for: MpsFor = no_mps
         self._plan_reason = ""  # the userspace plan is logged when it changes
 
     @property
@@ -112,9 +118,18 @@ class NvidiaDriver(Driver):
             self._plan_reason = plan.reason
             level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
-        return cdi.claim_edits(devices, plan)
+        edits = cdi.claim_edits(devices, plan)
+        served = mps.client_edits([d.vendor for d in claim.devices])
+        if served is None:
+            return edits
+        spec_edits = dict(edits.spec_edits)
+        spec_edits["env"] = [*spec_edits.get("env", ()), *served["env"]]
+        spec_edits["mounts"] = [*spec_edits.get("mounts", ()), *served["mounts"]]
+        return replace(edits, spec_edits=spec_edits)
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> ClaimSteps | None:
+    def on_demand(
+        self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
+    ) -> ClaimSteps | None:
         # Each per-claim step (claimsteps.py) in the order it runs at prepare.
         steps: list[OnDemand] = []
         if self.settings.mig_partitions:
@@ -123,7 +138,18 @@ class NvidiaDriver(Driver):
                 self.driver_name, self.settings.driver_root, state_dir, boot_id, host_root / "proc"
             )
             steps.append(self.maker)
-        return ClaimSteps(steps) if steps else None
+        # MPS last: it serves the devices the steps before it made. Always there, so a claim
+        # asking for MPS where it cannot run gets an error naming what is missing.
+        s = self.settings
+        options = MpsOptions(
+            s.driver_name, s.mps_image, s.mps_ready_timeout,
+            s.sharing if s.shares_mps else None,
+        )  # fmt: skip
+        self.mps = MpsStep(
+            options, state_dir, s.driver_root, workloads, self.mps_for, host_root=host_root
+        )
+        steps.append(self.mps)
+        return ClaimSteps(steps)
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
         if self.maker is not None:  # made and destroyed instances: health follows

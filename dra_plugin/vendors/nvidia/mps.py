@@ -1,0 +1,500 @@
+"""MPS for NVIDIA claims, a per-claim step (claimsteps.py): the GPU in EXCLUSIVE_PROCESS,
+an MPS control daemon in a Deployment of its own (mpsdaemon.py), a tmpfs for its
+`/dev/shm` and a pipe dir under the plugin's dir, ready before the prepare returns, all of
+it gone after the unprepare.
+
+Two kinds of daemon:
+- one per claim, for a claim whose NVIDIA config asks for MPS (`mps_for`), with the
+  config's limits as the daemon's defaults (NVIDIA's driver does the same);
+- one per shared GPU (NVIDIA_SHARES_MPS), serving every claim holding a share of it,
+  made by the first and removed after the last; each claim's consumed capacity becomes
+  its own limits, handed to its processes through their environment (mpsdaemon.ClientLimits).
+
+Crash safety. Each daemon has a record, `<plugin dir>/mps/<claim-UID | device-NAME>/daemon.json`
+(the GPUs, the limits, the claims it serves), written atomically BEFORE anything is made
+and removed LAST, after the Deployment, the compute mode, the tmpfs and the directories.
+Every step is idempotent, so a kill -9 anywhere is settled by running the same code again:
+the claim's next prepare (made again), its unprepare, or start-up (`reconcile`: a daemon
+whose claims are not held is removed; one with a held claim is kept). The core records
+vendor entries only with `completed`, so the record here is the intent; the vendor entry
+(key `mps`) is what the claim's CDI spec is rendered from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from dra_plugin.devices import Device
+from dra_plugin.host import files
+from dra_plugin.host.tmpfs import Mounter, MountError, default_size
+from dra_plugin.quantity import parse_quantity
+from dra_plugin.sharing import MEMORY, SHARES, Sharing
+from dra_plugin.vendors.base import Made, MakeError, WorkloadError, Workloads
+from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, VendorEntry
+from dra_plugin.vendors.nvidia import mpsdaemon
+from dra_plugin.vendors.nvidia.computemode import (
+    DEFAULT,
+    EXCLUSIVE_PROCESS,
+    ComputeModeError,
+    NvidiaSmi,
+)
+from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
+from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
+
+log = logging.getLogger(__name__)
+
+ENTRY_KEY = "mps"  # this step's key in the device's vendor entry
+RECORD = "daemon.json"
+RECORD_VERSION = 1
+DIR_NAME = "mps"
+POLL_S = 0.5
+_CLAIM_DIR = re.compile(r"claim-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+_DEVICE_DIR = re.compile(r"device-([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)")
+
+# "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
+MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
+
+
+def no_mps(claim: ClaimContext, device: AllocatedDevice) -> MpsSettings | None:
+    return None
+
+
+@dataclass
+class DaemonRecord:
+    """What one daemon is, on disk (see the module docstring)."""
+
+    dir: str  # claim-<uid> or device-<name>
+    key: str  # the claim UID or the device name
+    name: str  # its Deployment
+    gpus: tuple[str, ...]
+    limits: DaemonLimits
+    holders: list[str] = field(default_factory=list)  # the claims it serves
+
+    @property
+    def shared(self) -> bool:
+        return self.dir.startswith("device-")
+
+    def encode(self) -> bytes:
+        body = {
+            "v": RECORD_VERSION,
+            "key": self.key,
+            "name": self.name,
+            "gpus": list(self.gpus),
+            "limits": self.limits.as_json(),
+            "holders": sorted(self.holders),
+        }
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, dirname: str, raw: Any) -> DaemonRecord | None:
+        if not isinstance(raw, dict) or raw.get("v") != RECORD_VERSION:
+            return None
+        try:
+            lim = raw.get("limits") or {}
+            limits = DaemonLimits(
+                active_thread_percentage=lim.get("threads"),
+                pinned_memory={str(k): int(v) for k, v in (lim.get("pinned") or {}).items()},
+                multi_user=bool(lim.get("multiUser", False)),
+            )
+            return cls(
+                dirname,
+                str(raw["key"]),
+                str(raw["name"]),
+                tuple(str(g) for g in raw["gpus"]),
+                limits,
+                [str(h) for h in raw.get("holders") or []],
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+@dataclass(frozen=True)
+class MpsOptions:
+    driver: str
+    image: str  # "" : no daemons can be run (MPS refused, naming the setting)
+    ready_timeout: float = 30.0
+    shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
+
+
+class MpsStep:
+    """The MPS step of ClaimSteps (vendors.base.OnDemand)."""
+
+    def __init__(
+        self,
+        options: MpsOptions,
+        state_dir: Path,
+        driver_root: Path,
+        workloads: Workloads | None,
+        mps_for: MpsFor = no_mps,
+        *,
+        smi: NvidiaSmi | None = None,
+        mounter: Mounter | None = None,
+        shm_size: str | None = None,
+        host_root: Path = Path("/"),
+        on_step: Callable[[str], None] | None = None,
+    ) -> None:
+        self.options = options
+        self._on_step = on_step  # tests: kill -9 after each step
+        self.root = state_dir / DIR_NAME
+        self.driver_root = driver_root
+        self.workloads = workloads
+        self.mps_for = mps_for
+        self.smi = smi or NvidiaSmi(driver_root)
+        self.mounter = mounter or Mounter()
+        self.shm_size = shm_size or default_size(host_root / "proc" / "meminfo")
+
+    def _step(self, name: str) -> None:
+        if self._on_step is not None:
+            self._on_step(name)
+
+    # --- the record --------------------------------------------------------------------
+    def _dir(self, rec: DaemonRecord | str) -> Path:
+        return self.root / (rec if isinstance(rec, str) else rec.dir)
+
+    def records(self) -> Iterator[DaemonRecord]:
+        """Every daemon recorded here; an entry that is not ours is logged and removed."""
+        if files.kind(self.root) != "dir":
+            return
+        for entry in sorted(self.root.iterdir()):
+            name = entry.name
+            if not (_CLAIM_DIR.fullmatch(name) or _DEVICE_DIR.fullmatch(name)):
+                files.remove_unexpected(entry, files.kind(entry) or "entry", "MPS daemon dir")
+                continue
+            rec = self._read(name)
+            if rec is not None:
+                yield rec
+
+    def _read(self, dirname: str) -> DaemonRecord | None:
+        path = self._dir(dirname) / RECORD
+        if files.kind(self._dir(dirname)) != "dir":
+            return None
+        rec = DaemonRecord.decode(dirname, files.read_json(path))
+        if rec is None:
+            # A dir whose record never got written whole (killed mid-write): nothing was
+            # made before the record, so there is nothing else to undo but the dir.
+            log.warning("MPS daemon dir %s has no valid record; removing it", path.parent)
+            self._remove_dirs(dirname)
+        return rec
+
+    def _write(self, rec: DaemonRecord) -> None:
+        files.own_dir(self.root, files.PRIVATE_DIR_MODE)
+        files.own_dir(self._dir(rec), files.SHARED_DIR_MODE)
+        files.atomic_write(self._dir(rec) / RECORD, rec.encode(), 0o644)
+        self._step("mps-recorded")
+
+    def _paths(self, rec: DaemonRecord) -> tuple[Path, Path, Path]:
+        d = self._dir(rec)
+        return d / "pipe", d / "log", d / "shm"
+
+    # --- OnDemand ----------------------------------------------------------------------
+    def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
+        by_name = {d.name: d for d in devices}
+        plan = self._plan(claim, by_name)
+        if plan is None:
+            return Made(list(devices))
+        rec, client, served, created = plan
+        try:
+            self._ensure(rec, claim)
+        except MakeError:
+            self._undo(rec, claim.uid, created)
+            raise
+        pipe, _, shm = self._paths(rec)
+        entry = {
+            "daemon": rec.name,
+            "dir": rec.dir,
+            "pipe": str(pipe),
+            "shm": str(shm),
+            "client": {
+                "threads": client.active_thread_percentage,
+                "pinned": list(client.pinned_memory),
+            },
+        }
+        return Made(list(devices), {name: {ENTRY_KEY: entry} for name in served})
+
+    def _plan(
+        self, claim: ClaimContext, devices: Mapping[str, Device]
+    ) -> tuple[DaemonRecord, ClientLimits, list[str], bool] | None:
+        """The daemon the claim needs (recorded first), its own limits, the devices it
+        serves and whether the record is new; None: no MPS for this claim."""
+        mine = f"claim-{claim.uid}"
+        if (rec := self._read(mine)) is not None:  # made before: the record, not the configs
+            served = [d.device for d in claim.devices if d.device in devices]
+            return rec, ClientLimits(), served, False
+        asked: dict[str, MpsSettings] = {}
+        shared: list[AllocatedDevice] = []
+        for d in claim.devices:
+            if d.device not in devices or d.admin_access:
+                continue
+            settings = self.mps_for(claim, d)
+            if d.share_id is not None and self.options.shares is not None:
+                if settings is not None:
+                    raise MakeError(
+                        f"device {d.device}: a share of a GPU gets its MPS limits from the "
+                        "capacity it consumed; an MPS config cannot be added to it"
+                    )
+                shared.append(d)
+            elif settings is not None:
+                if d.share_id is not None:
+                    raise MakeError(
+                        f"device {d.device}: MPS on a shared GPU is served by one daemon per "
+                        "GPU (NVIDIA_SHARES_MPS=true); NVIDIA's driver refuses MPS with shares too"
+                    )
+                asked[d.device] = settings
+        if not asked and not shared:
+            return None
+        self._can_run()
+        if asked and shared:
+            raise MakeError("a claim cannot hold both an MPS config and a share served by MPS")
+        for name in [*asked, *(d.device for d in shared)]:
+            dev = devices[name]
+            if dev.attrs.get("type") != "gpu" or not dev.uuid:
+                raise MakeError(f"device {name}: MPS is served on whole GPUs only")
+        if shared:
+            return self._plan_shared(claim, shared, devices)
+        gpus = tuple(devices[n].uuid or n for n in sorted(asked))
+        limits = daemon_limits(asked, {n: devices[n].uuid or n for n in asked})
+        name = mpsdaemon.deployment_name(self._node(), self.options.driver, claim.uid)
+        rec = DaemonRecord(mine, claim.uid, name, gpus, limits, [claim.uid])
+        self._write(rec)  # the intent, before anything is made
+        return rec, ClientLimits(), sorted(asked), True
+
+    def _plan_shared(
+        self, claim: ClaimContext, shared: list[AllocatedDevice], devices: Mapping[str, Device]
+    ) -> tuple[DaemonRecord, ClientLimits, list[str], bool]:
+        if len(shared) != 1:
+            raise MakeError(
+                "a claim may hold a share of one GPU only while shares are enforced with MPS "
+                f"(it holds {', '.join(d.device for d in shared)}): its processes talk to "
+                "one daemon"
+            )
+        d = shared[0]
+        dev = devices[d.device]
+        client = share_limits(d, dev, self.options.shares or Sharing())
+        dirname = f"device-{d.device}"
+        rec = self._read(dirname)
+        created = rec is None
+        if rec is None:
+            name = mpsdaemon.deployment_name(self._node(), self.options.driver, d.device)
+            rec = DaemonRecord(dirname, d.device, name, (dev.uuid or d.device,), DaemonLimits())
+        if claim.uid not in rec.holders:
+            rec.holders.append(claim.uid)
+            self._write(rec)  # the intent, before anything is made
+        return rec, client, [d.device], created
+
+    def _node(self) -> str:
+        return self.workloads.node_name if self.workloads is not None else ""
+
+    def _can_run(self) -> None:
+        if self.workloads is None or not self.options.image:
+            raise MakeError(
+                "MPS needs the plugin's namespace and an image for its control daemons "
+                "(POD_NAMESPACE, NVIDIA_MPS_IMAGE; the chart sets both)"
+            )
+
+    def _ensure(self, rec: DaemonRecord, claim: ClaimContext) -> None:
+        """Everything the record says, made where missing, then waited for."""
+        self._can_run()
+        assert self.workloads is not None
+        pipe, logdir, shm = self._paths(rec)
+        try:
+            for d in (pipe, logdir, shm):
+                files.own_dir(d, files.SHARED_DIR_MODE)
+            self._step("mps-dirs")
+            self.mounter.mount_tmpfs(shm, self.shm_size)
+            self._step("mps-mounted")
+            for gpu in rec.gpus:
+                self.smi.set_mode(gpu, EXCLUSIVE_PROCESS)
+            self._step("mps-exclusive")
+            spec = DaemonSpec(
+                key=rec.key,
+                namespace=self.workloads.namespace,
+                node=self.workloads.node_name,
+                driver=self.options.driver,
+                image=self.options.image,
+                driver_root=str(self.driver_root),
+                gpus=rec.gpus,
+                pipe_dir=str(pipe),
+                log_dir=str(logdir),
+                shm_dir=str(shm),
+                limits=rec.limits,
+            )
+            if self.workloads.create_deployment(mpsdaemon.deployment(spec)):
+                log.info(
+                    "MPS control daemon created %s deployment=%s gpus=%s",
+                    claim,
+                    rec.name,
+                    ",".join(rec.gpus),
+                )
+            self._step("mps-created")
+        except (OSError, MountError, ComputeModeError, WorkloadError) as exc:
+            raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
+        self._wait_ready(rec)
+
+    def _wait_ready(self, rec: DaemonRecord) -> None:
+        assert self.workloads is not None
+        selector = f"{mpsdaemon.LABEL_NODE}={mpsdaemon.digest(self._node(), self.options.driver)}"
+        selector += f",{mpsdaemon.LABEL_ROLE}={rec.key}"
+        deadline = time.monotonic() + self.options.ready_timeout
+        while True:
+            try:
+                dep = self.workloads.get_deployment(rec.name)
+                pods = self.workloads.list_pods(selector)
+                state = mpsdaemon.readiness(dep, pods)
+            except WorkloadError as exc:
+                state = mpsdaemon.Readiness(False, str(exc))
+            if state.ready:
+                self._step("mps-ready")
+                return
+            if state.failed or time.monotonic() >= deadline:
+                waited = "" if state.failed else f" after {self.options.ready_timeout:g} s"
+                raise MakeError(f"MPS control daemon {rec.name} not ready{waited}: {state.why}")
+            time.sleep(POLL_S)  # sleep-ok: polling the API as NVIDIA's driver does
+
+    def _undo(self, rec: DaemonRecord, uid: str, created: bool) -> None:
+        """A make that failed: this claim no longer holds the daemon; one it made for
+        itself (or that nobody else holds) goes."""
+        fresh = self._read(rec.dir)
+        if fresh is None:
+            return
+        if uid in fresh.holders and (created or fresh.shared):
+            fresh.holders.remove(uid)
+        if not fresh.holders:
+            try:
+                self._teardown(fresh)
+            except MakeError as exc:
+                log.error("%s; start-up or the next unprepare removes it", exc)
+        elif fresh.shared:
+            self._write(fresh)
+
+    def release(self, claim: ClaimContext) -> None:
+        errors: list[str] = []
+        for rec in list(self.records()):
+            if claim.uid not in rec.holders:
+                continue
+            rec.holders.remove(claim.uid)
+            try:
+                if rec.holders:
+                    self._write(rec)
+                else:
+                    self._teardown(rec)
+            except (OSError, MakeError) as exc:
+                errors.append(str(exc))
+        if errors:
+            raise MakeError("; ".join(errors))
+
+    def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
+        kept: set[str] = set()
+        for rec in list(self.records()):
+            holders = [h for h in rec.holders if h in held]
+            try:
+                if not holders:
+                    log.info("MPS control daemon %s serves no held claim; removing it", rec.name)
+                    self._teardown(rec)
+                    continue
+                if holders != rec.holders:
+                    self._write(replace(rec, holders=holders))
+            except (OSError, MakeError) as exc:
+                log.error("cannot settle MPS control daemon %s: %s", rec.name, exc)
+            kept.add(rec.name)
+        self._collect_deployments(kept)
+
+    def _collect_deployments(self, kept: set[str]) -> None:
+        """Deployments of ours on this node that no record names (nothing makes one
+        without its record; this is for a state dir lost or wiped under them)."""
+        if self.workloads is None:
+            return
+        try:
+            found = self.workloads.list_deployments(
+                mpsdaemon.node_selector(self._node(), self.options.driver)
+            )
+            for dep in found:
+                meta = dep.get("metadata")
+                name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
+                if name and name not in kept:
+                    log.warning("MPS control daemon %s has no record here; deleting it", name)
+                    self.workloads.delete_deployment(name)
+        except WorkloadError as exc:
+            log.error("cannot list or delete stale MPS control daemons: %s", exc)
+
+    def _teardown(self, rec: DaemonRecord) -> None:
+        """The daemon gone: Deployment, compute mode, tmpfs, dirs, and the record last."""
+        try:
+            if self.workloads is not None:
+                self.workloads.delete_deployment(rec.name)
+            else:  # a record says a Deployment was made: it cannot be proven gone
+                raise MakeError("no API client (POD_NAMESPACE unset) to delete it with")
+            self._step("mps-deleted")
+            for gpu in rec.gpus:
+                self.smi.set_mode(gpu, DEFAULT)
+            self._step("mps-default")
+            self.mounter.unmount(self._paths(rec)[2])
+            self._step("mps-unmounted")
+        except (MountError, ComputeModeError, WorkloadError) as exc:
+            raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
+        self._remove_dirs(rec.dir)
+        log.info("MPS control daemon removed deployment=%s gpus=%s", rec.name, ",".join(rec.gpus))
+
+    def _remove_dirs(self, dirname: str) -> None:
+        d = self._dir(dirname)
+        try:  # never rmtree into a mounted tmpfs (and fail at its mount point)
+            self.mounter.unmount(d / "shm")
+        except MountError as exc:
+            raise MakeError(f"MPS daemon dir {d}: {exc}") from exc
+        for sub in ("pipe", "log", "shm"):
+            files.remove_any(d / sub)
+        files.remove_any(d)  # the record goes with it, last
+
+
+def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
+    """One daemon's defaults from its claim's per-device settings (the config is one per
+    claim in NVIDIA's driver: the first device's thread percentage is the daemon's)."""
+    first = asked[sorted(asked)[0]]
+    pinned: dict[str, int] = {}
+    for name, s in asked.items():
+        limit = s.pinned_for(uuids[name])
+        if limit is not None:
+            pinned[uuids[name]] = limit
+    return DaemonLimits(first.active_thread_percentage, pinned, first.multi_user)
+
+
+def share_limits(d: AllocatedDevice, dev: Device, sharing: Sharing) -> ClientLimits:
+    """A share's own limits: its shares of N as the active thread percentage, its memory
+    (booked, else the same fraction of the GPU's) as the pinned memory limit."""
+    shares = _whole(d.consumed.get(SHARES), 1)
+    n = max(sharing.shares, 1)
+    threads = max(1, min(100, (100 * shares) // n))
+    memory = _whole(d.consumed.get(MEMORY), 0)
+    total = dev.caps.get(MEMORY, 0)
+    if not memory and total:
+        memory = total * shares // n
+    pinned = (memory,) if memory >= mpsdaemon.MIB else ()
+    return ClientLimits(threads, pinned)
+
+
+def _whole(raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        return int(parse_quantity(raw))
+    except (ValueError, ArithmeticError):
+        return default
+
+
+def client_edits(entries: Sequence[VendorEntry | None]) -> dict[str, Any] | None:
+    """The claim's MPS edits from its devices' vendor entries (None: no MPS)."""
+    for entry in entries:
+        mps = (entry or {}).get(ENTRY_KEY)
+        if isinstance(mps, Mapping) and isinstance(mps.get("pipe"), str):
+            client = mps.get("client") or {}
+            limits = ClientLimits(
+                client.get("threads"), tuple(int(m) for m in client.get("pinned") or ())
+            )
+            return mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
+    return None
