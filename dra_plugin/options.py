@@ -75,8 +75,8 @@ RUN = (
     Option(
         "--pod-namespace",
         "POD_NAMESPACE",
-        "the plugin pod's namespace, where it runs workloads of its own (NVIDIA's MPS control "
-        "daemons); empty: none are run",
+        "the plugin pod's namespace, where it runs workloads of its own (a vendor's "
+        "per-claim daemons); empty: none are run",
         "",
     ),
     Option(

@@ -1,8 +1,8 @@
-"""tmpfs mounts of our own (the `/dev/shm` of NVIDIA's MPS control daemons), through the
+"""tmpfs mounts of our own (the `/dev/shm` of a vendor's per-claim daemons), through the
 host's `mount`, `umount` and `mountpoint` commands.
 
 Mounting needs privileges (CAP_SYS_ADMIN in the mount namespace); the plugin's container
-has them when NVIDIA is enabled (privileged). The commands are looked up on `path`, so a
+has them when it runs privileged. The commands are looked up on `path`, so a
 test runs the same code unprivileged with stand-ins first on PATH (fakes/mounts.py), and
 the real commands are exercised inside a user+mount namespace (`unshare -rm`), where an
 unprivileged user may mount a tmpfs.
@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 TMPFS_OPTIONS = ("rw", "nosuid", "nodev", "noexec", "relatime")
-FALLBACK_SIZE = "65536k"  # NVIDIA's driver falls back to this without /proc/meminfo
+FALLBACK_SIZE = "65536k"  # without /proc/meminfo
 TIMEOUT_S = 30.0
 
 
@@ -25,7 +25,7 @@ class MountError(Exception):
 
 
 def default_size(meminfo: Path = Path("/proc/meminfo")) -> str:
-    """Half the node's memory, as NVIDIA's driver sizes its MPS shm (tmpfs only takes what
+    """Half the node's memory (a vendor driver's own sizing of such a shm) (tmpfs only takes what
     is written, so this is a ceiling, not a reservation)."""
     try:
         for line in meminfo.read_text().splitlines():

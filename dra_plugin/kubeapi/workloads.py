@@ -1,5 +1,5 @@
-"""Workloads the plugin runs beside itself in its own namespace: Deployments (NVIDIA's MPS
-control daemons) and the Pods they make. Reads go through the plain-GET path (retried like
+"""Workloads the plugin runs beside itself in its own namespace: Deployments (a vendor's
+per-claim daemons) and the Pods they make. Reads go through the plain-GET path (retried like
 every read); writes through the client, not retried here (their callers decide)."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Mapping
 from typing import TypeVar
 
 from dra_plugin.kubeapi import ApiError, ConflictError, KubeAPI, NotFoundError
-from dra_plugin.vendors.base import WorkloadError
+from dra_plugin.vendors.workloads import WorkloadError
 
 _T = TypeVar("_T")
 CALL_TIMEOUT_S = 40.0  # past the client's own read budget (30 s): it answers first

@@ -42,6 +42,7 @@ from dra_plugin.options import (
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.workloads import Workloads
 
 
 class VendorSettings(Protocol):
@@ -143,40 +144,6 @@ class OnDemand(Protocol):
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         """At start-up, with the record settled: destroy what was made for claims not in
         `held` (claim uid -> the claim as recorded), keep what held claims use."""
-        ...
-
-
-class WorkloadError(Exception):
-    """An API call about a vendor's workloads failed; the message names the object."""
-
-
-class Workloads(Protocol):
-    """Workloads a vendor runs beside the plugin (NVIDIA's MPS control daemons): objects
-    in the plugin's own namespace, pinned to this node. Blocking calls, made from the
-    claim passes' worker thread; a failure raises WorkloadError. Objects are dicts in the
-    API's JSON shape."""
-
-    namespace: str  # the plugin's own namespace
-    node_name: str  # the node the workloads are pinned to
-
-    def create_deployment(self, obj: Mapping[str, object]) -> bool:
-        """Create it; False when one of that name exists already."""
-        ...
-
-    def get_deployment(self, name: str) -> Mapping[str, object] | None:
-        """The Deployment, or None when there is none."""
-        ...
-
-    def list_deployments(self, selector: str) -> list[Mapping[str, object]]:
-        """Deployments matching a label selector (`a=b,c=d`)."""
-        ...
-
-    def delete_deployment(self, name: str) -> None:
-        """Delete it with its pods (gone already: nothing to do)."""
-        ...
-
-    def list_pods(self, selector: str) -> list[Mapping[str, object]]:
-        """Pods matching a label selector."""
         ...
 
 

@@ -22,22 +22,18 @@ vendor entries only with `completed`, so the record here is the intent; the vend
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from dra_plugin.devices import Device
 from dra_plugin.host import files
 from dra_plugin.host.tmpfs import Mounter, MountError, default_size
-from dra_plugin.quantity import parse_quantity
-from dra_plugin.sharing import MEMORY, SHARES, Sharing
-from dra_plugin.vendors.base import Made, MakeError, WorkloadError, Workloads
-from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, VendorEntry
+from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.base import Made, MakeError
+from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.nvidia import mpsdaemon
 from dra_plugin.vendors.nvidia.computemode import (
     DEFAULT,
@@ -46,17 +42,15 @@ from dra_plugin.vendors.nvidia.computemode import (
     NvidiaSmi,
 )
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
+from dra_plugin.vendors.nvidia.mpslimits import ENTRY_KEY, daemon_limits, share_limits
+from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
+from dra_plugin.vendors.workloads import WorkloadError, Workloads
 
 log = logging.getLogger(__name__)
 
-ENTRY_KEY = "mps"  # this step's key in the device's vendor entry
-RECORD = "daemon.json"
-RECORD_VERSION = 1
 DIR_NAME = "mps"
 POLL_S = 0.5
-_CLAIM_DIR = re.compile(r"claim-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
-_DEVICE_DIR = re.compile(r"device-([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)")
 
 # "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
 MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
@@ -64,55 +58,6 @@ MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
 
 def no_mps(claim: ClaimContext, device: AllocatedDevice) -> MpsSettings | None:
     return None
-
-
-@dataclass
-class DaemonRecord:
-    """What one daemon is, on disk (see the module docstring)."""
-
-    dir: str  # claim-<uid> or device-<name>
-    key: str  # the claim UID or the device name
-    name: str  # its Deployment
-    gpus: tuple[str, ...]
-    limits: DaemonLimits
-    holders: list[str] = field(default_factory=list)  # the claims it serves
-
-    @property
-    def shared(self) -> bool:
-        return self.dir.startswith("device-")
-
-    def encode(self) -> bytes:
-        body = {
-            "v": RECORD_VERSION,
-            "key": self.key,
-            "name": self.name,
-            "gpus": list(self.gpus),
-            "limits": self.limits.as_json(),
-            "holders": sorted(self.holders),
-        }
-        return json.dumps(body, sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, dirname: str, raw: Any) -> DaemonRecord | None:
-        if not isinstance(raw, dict) or raw.get("v") != RECORD_VERSION:
-            return None
-        try:
-            lim = raw.get("limits") or {}
-            limits = DaemonLimits(
-                active_thread_percentage=lim.get("threads"),
-                pinned_memory={str(k): int(v) for k, v in (lim.get("pinned") or {}).items()},
-                multi_user=bool(lim.get("multiUser", False)),
-            )
-            return cls(
-                dirname,
-                str(raw["key"]),
-                str(raw["name"]),
-                tuple(str(g) for g in raw["gpus"]),
-                limits,
-                [str(h) for h in raw.get("holders") or []],
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
 
 
 @dataclass(frozen=True)
@@ -164,7 +109,7 @@ class MpsStep:
             return
         for entry in sorted(self.root.iterdir()):
             name = entry.name
-            if not (_CLAIM_DIR.fullmatch(name) or _DEVICE_DIR.fullmatch(name)):
+            if not our_dir(name):
                 files.remove_unexpected(entry, files.kind(entry) or "entry", "MPS daemon dir")
                 continue
             rec = self._read(name)
@@ -295,7 +240,7 @@ class MpsStep:
         if self.workloads is None or not self.options.image:
             raise MakeError(
                 "MPS needs the plugin's namespace and an image for its control daemons "
-                "(POD_NAMESPACE, NVIDIA_MPS_IMAGE; the chart sets both)"
+                "(POD_NAMESPACE, NVIDIA_MPS_IMAGE: the chart sets both with nvidia.mps.enabled)"
             )
 
     def _ensure(self, rec: DaemonRecord, claim: ClaimContext) -> None:
@@ -450,51 +395,3 @@ class MpsStep:
         for sub in ("pipe", "log", "shm"):
             files.remove_any(d / sub)
         files.remove_any(d)  # the record goes with it, last
-
-
-def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
-    """One daemon's defaults from its claim's per-device settings (the config is one per
-    claim in NVIDIA's driver: the first device's thread percentage is the daemon's)."""
-    first = asked[sorted(asked)[0]]
-    pinned: dict[str, int] = {}
-    for name, s in asked.items():
-        limit = s.pinned_for(uuids[name])
-        if limit is not None:
-            pinned[uuids[name]] = limit
-    return DaemonLimits(first.active_thread_percentage, pinned, first.multi_user)
-
-
-def share_limits(d: AllocatedDevice, dev: Device, sharing: Sharing) -> ClientLimits:
-    """A share's own limits: its shares of N as the active thread percentage, its memory
-    (booked, else the same fraction of the GPU's) as the pinned memory limit."""
-    shares = _whole(d.consumed.get(SHARES), 1)
-    n = max(sharing.shares, 1)
-    threads = max(1, min(100, (100 * shares) // n))
-    memory = _whole(d.consumed.get(MEMORY), 0)
-    total = dev.caps.get(MEMORY, 0)
-    if not memory and total:
-        memory = total * shares // n
-    pinned = (memory,) if memory >= mpsdaemon.MIB else ()
-    return ClientLimits(threads, pinned)
-
-
-def _whole(raw: str | None, default: int) -> int:
-    if raw is None:
-        return default
-    try:
-        return int(parse_quantity(raw))
-    except (ValueError, ArithmeticError):
-        return default
-
-
-def client_edits(entries: Sequence[VendorEntry | None]) -> dict[str, Any] | None:
-    """The claim's MPS edits from its devices' vendor entries (None: no MPS)."""
-    for entry in entries:
-        mps = (entry or {}).get(ENTRY_KEY)
-        if isinstance(mps, Mapping) and isinstance(mps.get("pipe"), str):
-            client = mps.get("client") or {}
-            limits = ClientLimits(
-                client.get("threads"), tuple(int(m) for m in client.get("pinned") or ())
-            )
-            return mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
-    return None

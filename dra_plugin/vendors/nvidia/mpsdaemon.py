@@ -56,6 +56,9 @@ run "nvidia-cuda-mps-control -d$MPS_FLAGS"
 printf '%s\\n' "$MPS_COMMANDS" | while IFS= read -r cmd; do
   [ -n "$cmd" ] || continue
   out=$(run "echo '$cmd' | nvidia-cuda-mps-control") || { echo "refused: $cmd: $out" >&2; exit 1; }
+  case "$out" in
+    [Ee]rror*|[Ii]nvalid*|[Uu]nknown*|*[Ff]ailed*) echo "refused: $cmd: $out" >&2; exit 1 ;;
+  esac
   echo "$cmd: $out"
 done
 echo ready > "$log/startup-complete"

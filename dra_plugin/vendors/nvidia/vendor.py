@@ -24,10 +24,9 @@ from dra_plugin.vendors.base import (
     OnDemand,
     TelemetryReader,
     Vendor,
-    Workloads,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext
-from dra_plugin.vendors.nvidia import cdi, mps, nvml, vfio
+from dra_plugin.vendors.nvidia import cdi, mpslimits, nvml, vfio
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
@@ -36,6 +35,7 @@ from dra_plugin.vendors.nvidia.mps import MpsFor, MpsOptions, MpsStep, no_mps
 from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
+from dra_plugin.vendors.workloads import Workloads
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class NvidiaDriver(Driver):
             level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         edits = cdi.claim_edits(devices, plan)
-        served = mps.client_edits([d.vendor for d in claim.devices])
+        served = mpslimits.client_edits([d.vendor for d in claim.devices])
         if served is None:
             return edits
         spec_edits = dict(edits.spec_edits)
