@@ -172,6 +172,8 @@ class DoctorContext:
     loaded: set[str] | None  # loaded kernel modules (None: unknown)
     talos: bool
     enabled: bool  # whether this vendor is in VENDORS
+    plugin_dir: Path | None = None  # the driver's plugin dir (its own records)
+    held: frozenset[str] | None = None  # claim UIDs its checkpoint holds (None: unknown)
 
 
 class Vendor(ABC):

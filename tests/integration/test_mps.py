@@ -318,3 +318,32 @@ def test_kill_9_then_start_up_alone_keeps_a_held_claims_daemon_or_removes_it(
             serving(tmp_path, server, world)
         else:
             nothing_left(tmp_path, server, world)
+
+
+def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
+    tmp_path: Path, world: MpsWorld
+) -> None:
+    from dra_plugin.findings.findings import Status
+    from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits
+    from dra_plugin.vendors.nvidia.mpsdoctor import check_mps
+    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord
+
+    plugin_dir = tmp_path / "plugin"
+    assert [f.status for f in check_mps(world.driver_root, plugin_dir, frozenset())] == [
+        Status.PASS
+    ]
+    rec = DaemonRecord(f"claim-{UID1}", UID1, "mps-x", (UUID0,), DaemonLimits(), [UID1])
+    (plugin_dir / "mps" / rec.dir).mkdir(parents=True)
+    (plugin_dir / "mps" / rec.dir / "daemon.json").write_bytes(rec.encode())
+    world.set_mode(UUID0, "EXCLUSIVE_PROCESS")  # served by the daemon above
+    world.set_mode(UUID1, "EXCLUSIVE_PROCESS")  # left behind: nothing of ours serves it
+
+    held = check_mps(world.driver_root, plugin_dir, frozenset({UID1}))
+    assert [(f.status, UUID1 in f.found) for f in held] == [(Status.WARN, True)]
+    assert f"nvidia-smi -i {UUID1} -c DEFAULT" in held[0].action
+
+    stale = check_mps(world.driver_root, plugin_dir, frozenset())
+    found = " | ".join(f.found for f in stale)
+    assert all(f.status is Status.WARN for f in stale) and len(stale) == 3
+    assert "mps-x" in found and "serves no claim the plugin holds" in found
+    assert UUID0 in found and UUID1 in found

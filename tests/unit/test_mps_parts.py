@@ -176,3 +176,26 @@ def test_tmpfs_with_the_hosts_real_mount_commands(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [False, True, ["tmpfs"], False]
+
+
+def test_telemetry_reads_each_daemon_serving_the_device_with_its_limits() -> None:
+    from dra_plugin.telemetry import catalogue as t
+    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord
+    from dra_plugin.vendors.nvidia.telemetry import mps_readings
+
+    own = DaemonRecord("claim-u1", "u1", "mps-a", (UUID,), DaemonLimits(40, {UUID: GIB}), ["u1"])
+    shared = DaemonRecord(
+        "device-gpu-0", "gpu-0", "mps-b", (UUID,), DaemonLimits(), ["u2", "u3"],
+        {"u2": {"threads": 25, "pinned": 2 * GIB}, "u3": {"threads": 50}},
+    )  # fmt: skip
+    other = DaemonRecord("device-gpu-1", "gpu-1", "mps-c", ("GPU-other",), DaemonLimits(), ["u4"])
+    got = {(r.series.name, r.labels): r.value for r in mps_readings(GPU, [own, shared, other])}
+    assert got == {
+        (t.MPS_CLIENTS.name, ("mps-a",)): 1,
+        (t.MPS_THREADS.name, ("mps-a", "")): 40,
+        (t.MPS_PINNED.name, ("mps-a", "")): GIB,
+        (t.MPS_CLIENTS.name, ("mps-b",)): 2,
+        (t.MPS_THREADS.name, ("mps-b", "u2")): 25,
+        (t.MPS_PINNED.name, ("mps-b", "u2")): 2 * GIB,
+        (t.MPS_THREADS.name, ("mps-b", "u3")): 50,
+    }

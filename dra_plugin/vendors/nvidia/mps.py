@@ -34,7 +34,7 @@ from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
-from dra_plugin.vendors.nvidia import mpsdaemon
+from dra_plugin.vendors.nvidia import mpsdaemon, mpsrecord
 from dra_plugin.vendors.nvidia.computemode import (
     DEFAULT,
     EXCLUSIVE_PROCESS,
@@ -115,6 +115,10 @@ class MpsStep:
             rec = self._read(name)
             if rec is not None:
                 yield rec
+
+    def daemons(self) -> list[DaemonRecord]:
+        """The daemons recorded here, read only (telemetry's thread)."""
+        return mpsrecord.scan(self.root)
 
     def _read(self, dirname: str) -> DaemonRecord | None:
         path = self._dir(dirname) / RECORD
@@ -228,8 +232,13 @@ class MpsStep:
         if rec is None:
             name = mpsdaemon.deployment_name(self._node(), self.options.driver, d.device)
             rec = DaemonRecord(dirname, d.device, name, (dev.uuid or d.device,), DaemonLimits())
-        if claim.uid not in rec.holders:
-            rec.holders.append(claim.uid)
+        own = {"threads": client.active_thread_percentage or 100}
+        if client.pinned_memory:
+            own["pinned"] = client.pinned_memory[0]
+        if claim.uid not in rec.holders or rec.clients.get(claim.uid) != own:
+            if claim.uid not in rec.holders:
+                rec.holders.append(claim.uid)
+            rec.clients[claim.uid] = own
             self._write(rec)  # the intent, before anything is made
         return rec, client, [d.device], created
 

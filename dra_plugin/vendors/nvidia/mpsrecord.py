@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from dra_plugin.host import files
 from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits
 
 RECORD = "daemon.json"
@@ -32,6 +34,8 @@ class DaemonRecord:
     gpus: tuple[str, ...]
     limits: DaemonLimits
     holders: list[str] = field(default_factory=list)  # the claims it serves
+    # A shared GPU's claims' own limits: uid -> {"threads": int, "pinned": bytes}.
+    clients: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def shared(self) -> bool:
@@ -45,6 +49,7 @@ class DaemonRecord:
             "gpus": list(self.gpus),
             "limits": self.limits.as_json(),
             "holders": sorted(self.holders),
+            "clients": {u: c for u, c in sorted(self.clients.items()) if u in self.holders},
         }
         return json.dumps(body, sort_keys=True).encode()
 
@@ -66,6 +71,24 @@ class DaemonRecord:
                 tuple(str(g) for g in raw["gpus"]),
                 limits,
                 [str(h) for h in raw.get("holders") or []],
+                {
+                    str(u): {str(k): int(v) for k, v in c.items()}
+                    for u, c in (raw.get("clients") or {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+
+
+def scan(root: Path) -> list[DaemonRecord]:
+    """Every valid record under `root` (the mps dir), read only: for telemetry and doctor,
+    which must never touch what a claim pass may be writing."""
+    if files.kind(root) != "dir":
+        return []
+    out: list[DaemonRecord] = []
+    for entry in sorted(root.iterdir()):
+        if our_dir(entry.name):
+            rec = DaemonRecord.decode(entry.name, files.read_json(entry / RECORD))
+            if rec is not None:
+                out.append(rec)
+    return out

@@ -171,7 +171,12 @@ class NvidiaDriver(Driver):
 
     def telemetry(self) -> TelemetryReader | None:
         health = self.health
-        return NvmlReader(self.settings.driver_root, health.xid_counts if health else None)
+        mps = self.mps
+        return NvmlReader(
+            self.settings.driver_root,
+            health.xid_counts if health else None,
+            mps.daemons if mps is not None else None,
+        )
 
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_nvidia(self.settings, ctx, PCI_VENDOR_ID.removeprefix("0x"))
