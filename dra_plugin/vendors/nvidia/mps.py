@@ -23,7 +23,6 @@ vendor entries only with `completed`, so the record here is the intent; the vend
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
-from dra_plugin.vendors.nvidia import mpsdaemon, mpsrecord
+from dra_plugin.vendors.nvidia import mpsdaemon, mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.computemode import (
     DEFAULT,
     EXCLUSIVE_PROCESS,
@@ -50,7 +49,6 @@ from dra_plugin.vendors.workloads import WorkloadError, Workloads
 log = logging.getLogger(__name__)
 
 DIR_NAME = "mps"
-POLL_S = 0.5
 
 # "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
 MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
@@ -293,23 +291,14 @@ class MpsStep:
 
     def _wait_ready(self, rec: DaemonRecord) -> None:
         assert self.workloads is not None
-        selector = f"{mpsdaemon.LABEL_NODE}={mpsdaemon.digest(self._node(), self.options.driver)}"
-        selector += f",{mpsdaemon.LABEL_ROLE}={rec.key}"
-        deadline = time.monotonic() + self.options.ready_timeout
-        while True:
-            try:
-                dep = self.workloads.get_deployment(rec.name)
-                pods = self.workloads.list_pods(selector)
-                state = mpsdaemon.readiness(dep, pods)
-            except WorkloadError as exc:
-                state = mpsdaemon.Readiness(False, str(exc))
-            if state.ready:
-                self._step("mps-ready")
-                return
-            if state.failed or time.monotonic() >= deadline:
-                waited = "" if state.failed else f" after {self.options.ready_timeout:g} s"
-                raise MakeError(f"MPS control daemon {rec.name} not ready{waited}: {state.why}")
-            time.sleep(POLL_S)  # sleep-ok: polling the API as NVIDIA's driver does
+        selector = mpsdaemon.node_selector(self._node(), self.options.driver)
+        why = mpsready.wait_ready(
+            self.workloads, rec.name, f"{selector},{mpsdaemon.LABEL_ROLE}={rec.key}",
+            self.options.ready_timeout,
+        )  # fmt: skip
+        if why:
+            raise MakeError(f"MPS control daemon {rec.name} not ready{why}")
+        self._step("mps-ready")
 
     def _undo(self, rec: DaemonRecord, uid: str, created: bool) -> None:
         """A make that failed: this claim no longer holds the daemon; one it made for
