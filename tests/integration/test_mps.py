@@ -206,6 +206,14 @@ def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
             mounts = spec_of(tmp_path, UID2)["containerEdits"]["mounts"]
             assert str(pipe) in [m["hostPath"] for m in mounts]
             assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
+            # A lost spec is written again from the record (no API read, no consumed
+            # capacity there): the share keeps its own limits.
+            next((tmp_path / "cdi").glob(f"*claim_{UID1}.json")).unlink()
+            again = await prep.prepare([ref(first)])
+            assert again[UID1].error == ""
+            env1 = spec_of(tmp_path, UID1)["containerEdits"]["env"]
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
 
             assert await prep.unprepare([ref(first)]) == {UID1: ""}
             assert len(deployments(server)) == 1  # the second share still uses it

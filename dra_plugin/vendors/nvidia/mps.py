@@ -230,10 +230,15 @@ class MpsStep:
         if rec is None:
             name = mpsdaemon.deployment_name(self._node(), self.options.driver, d.device)
             rec = DaemonRecord(dirname, d.device, name, (dev.uuid or d.device,), DaemonLimits())
+        recorded = rec.clients.get(claim.uid)
+        if claim.from_record and recorded is not None:
+            # The record keeps no consumed capacity: the limits recorded when it was read.
+            pinned = (recorded["pinned"],) if "pinned" in recorded else ()
+            client = ClientLimits(recorded.get("threads"), pinned)
         own = {"threads": client.active_thread_percentage or 100}
         if client.pinned_memory:
             own["pinned"] = client.pinned_memory[0]
-        if claim.uid not in rec.holders or rec.clients.get(claim.uid) != own:
+        if claim.uid not in rec.holders or recorded != own:
             if claim.uid not in rec.holders:
                 rec.holders.append(claim.uid)
             rec.clients[claim.uid] = own
