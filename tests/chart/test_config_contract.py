@@ -250,3 +250,17 @@ def test_mps_rights_are_a_role_in_the_plugins_namespace_only(rendered: list[Mani
     # The tmpfs the plugin mounts under its dir must reach the host (daemon pods, claims).
     plugins = next(m for m in container["volumeMounts"] if m["name"] == "plugins")
     assert plugins["mountPropagation"] == "Bidirectional"
+
+
+def test_mps_settings_the_chart_refuses() -> None:
+    """MPS for shares without the daemons, or shares of GPUs that are not shared, or
+    daemons without a privileged plugin (its tmpfs needs Bidirectional propagation)."""
+    from .rendering import run_helm, template_args
+
+    for sets, message in {
+        "nvidia.sharing.mps=true,nvidia.sharing.mode=shared": "needs nvidia.mps.enabled",
+        "nvidia.sharing.mps=true,nvidia.mps.enabled=true": 'needs nvidia.sharing.mode "shared"',
+        "nvidia.mps.enabled=true,securityContext.privileged=false": "needs a privileged plugin",
+    }.items():
+        proc = run_helm(*template_args(None, "--set", sets), check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr)

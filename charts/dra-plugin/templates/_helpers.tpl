@@ -111,6 +111,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.nvidia.enabled (eq (clean .Values.nvidia.driverRoot) "/") (ne (include "dra-plugin.hostRoot" .) "true") }}
 {{- fail "nvidia.driverRoot \"/\" is read through the host root: hostRoot.mount must not be false" }}
 {{- end }}
+{{- if and .Values.nvidia.enabled .Values.nvidia.mps.enabled (ne (include "dra-plugin.privileged" .) "true") }}
+{{- fail "nvidia.mps.enabled needs a privileged plugin (it mounts the daemons' tmpfs with Bidirectional propagation): securityContext.privileged must not be false" }}
+{{- end }}
 {{- if and .Values.nvidia.enabled .Values.nvidia.sharing.mps (not .Values.nvidia.mps.enabled) }}
 {{- fail "nvidia.sharing.mps needs nvidia.mps.enabled (the daemons run as Deployments)" }}
 {{- end }}
