@@ -29,7 +29,8 @@ from dra_plugin.vendors.base import as_driver
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.model import NVIDIA
-from dra_plugin.vendors.nvidia.mps import MpsOptions, MpsStep
+from dra_plugin.vendors.nvidia.mps import MpsStep
+from dra_plugin.vendors.nvidia.mpslimits import MpsOptions
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 from dra_plugin.vendors.nvidia.vendor import NvidiaDriver
 

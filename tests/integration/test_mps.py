@@ -355,3 +355,23 @@ def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
     assert all(f.status is Status.WARN for f in stale) and len(stale) == 3
     assert "mps-x" in found and "serves no claim the plugin holds" in found
     assert UUID0 in found and UUID1 in found
+
+
+@pytest.mark.slow
+def test_the_claims_record_names_its_daemon_before_anything_is_made(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    """The intent is in the claim's own record (its vendor entry, `started`) before the
+    first directory, mount, compute mode or Deployment: a kill -9 right after finds it."""
+    from dra_plugin.checkpoint.checkpoint import Checkpoint
+
+    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    _run(tmp_path, server, world, "prepare", "mps-dirs")
+    state = Checkpoint(tmp_path / "state", "gpu.nvidia.com", boot_id=lambda: "boot-1").read()
+    assert state is not None
+    rec = state.claims[UID1]
+    assert rec.state != "completed"
+    (dev,) = rec.devices
+    assert dev.vendor is not None and dev.vendor["mps"]["dir"] == f"claim-{UID1}"
+    assert deployments(server) == {} and world.mounted() == []
+    assert world.modes()[UUID0] == "DEFAULT"

@@ -199,3 +199,13 @@ def test_telemetry_reads_each_daemon_serving_the_device_with_its_limits() -> Non
         (t.MPS_PINNED.name, ("mps-b", "u2")): 2 * GIB,
         (t.MPS_THREADS.name, ("mps-b", "u3")): 50,
     }
+
+
+def test_a_shares_status_says_whether_mps_holds_it_and_how_it_can_escape() -> None:
+    from dra_plugin.vendors.nvidia.mpslimits import share_condition
+
+    held = share_condition({"v": 1, "mps": {"client": {"threads": 25, "pinned": [8 * GIB]}}})
+    assert (held.enforced, held.reason) == (True, "MPSClientLimits")
+    assert "25%" in held.message and "8192 MiB" in held.message and "unsets" in held.message
+    booked = share_condition(None)
+    assert (booked.enforced, booked.reason) == (False, "AccountingOnly")

@@ -22,9 +22,10 @@ vendor entries only with `completed`, so the record here is the intent; the vend
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.devices import Device
@@ -32,7 +33,7 @@ from dra_plugin.host import files
 from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
-from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
+from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, NotRecordable
 from dra_plugin.vendors.nvidia import mpsdaemon, mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.computemode import (
     DEFAULT,
@@ -41,7 +42,14 @@ from dra_plugin.vendors.nvidia.computemode import (
     NvidiaSmi,
 )
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
-from dra_plugin.vendors.nvidia.mpslimits import ENTRY_KEY, daemon_limits, share_limits
+from dra_plugin.vendors.nvidia.mpslimits import (
+    ENTRY_KEY,
+    MpsFor,
+    MpsOptions,
+    daemon_limits,
+    no_mps,
+    share_limits,
+)
 from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 from dra_plugin.vendors.workloads import WorkloadError, Workloads
@@ -49,21 +57,6 @@ from dra_plugin.vendors.workloads import WorkloadError, Workloads
 log = logging.getLogger(__name__)
 
 DIR_NAME = "mps"
-
-# "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
-MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
-
-
-def no_mps(claim: ClaimContext, device: AllocatedDevice) -> MpsSettings | None:
-    return None
-
-
-@dataclass(frozen=True)
-class MpsOptions:
-    driver: str
-    image: str  # "" : no daemons can be run (MPS refused, naming the setting)
-    ready_timeout: float = 30.0
-    shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
 
 
 class MpsStep:
@@ -147,11 +140,6 @@ class MpsStep:
         if plan is None:
             return Made(list(devices))
         rec, client, served, created = plan
-        try:
-            self._ensure(rec, claim)
-        except MakeError:
-            self._undo(rec, claim.uid, created)
-            raise
         pipe, _, shm = self._paths(rec)
         entry = {
             "daemon": rec.name,
@@ -163,6 +151,17 @@ class MpsStep:
                 "pinned": list(client.pinned_memory),
             },
         }
+        try:
+            # The claim's own record says which daemon it needs before anything is made
+            # (the daemon's record, written by _plan, is what release and reconcile use).
+            with contextlib.suppress(NotRecordable):
+                claim.record({name: {ENTRY_KEY: entry} for name in served})
+            self._ensure(rec, claim)
+        except (MakeError, OSError) as exc:
+            self._undo(rec, claim.uid, created)
+            if isinstance(exc, MakeError):
+                raise
+            raise MakeError(f"MPS control daemon {rec.name}: cannot record it: {exc}") from exc
         return Made(list(devices), {name: {ENTRY_KEY: entry} for name in served})
 
     def _plan(

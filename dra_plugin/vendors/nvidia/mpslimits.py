@@ -4,18 +4,39 @@ from the vendor entry the MPS step recorded."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dra_plugin.devices import Device
 from dra_plugin.quantity import parse_quantity
 from dra_plugin.sharing import MEMORY, SHARES, Sharing
-from dra_plugin.vendors.claimcontext import AllocatedDevice, VendorEntry
+from dra_plugin.vendors.claimcontext import (
+    AllocatedDevice,
+    ClaimContext,
+    ShareCondition,
+    VendorEntry,
+)
 from dra_plugin.vendors.nvidia import mpsdaemon
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 
 ENTRY_KEY = "mps"  # the MPS step's key in the device's vendor entry
+
+# "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
+MpsFor = Callable[[ClaimContext, AllocatedDevice], MpsSettings | None]
+
+
+def no_mps(claim: ClaimContext, device: AllocatedDevice) -> MpsSettings | None:
+    return None
+
+
+@dataclass(frozen=True)
+class MpsOptions:
+    driver: str
+    image: str  # "" : no daemons can be run (MPS refused, naming the setting)
+    ready_timeout: float = 30.0
+    shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
 
 
 def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
@@ -64,3 +85,26 @@ def client_edits(entries: Sequence[VendorEntry | None]) -> dict[str, Any] | None
             )
             return mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
     return None
+
+
+def share_condition(vendor: VendorEntry | None) -> ShareCondition:
+    """What a share of an NVIDIA GPU is told in its claim status (ShareLimits)."""
+    mps = (vendor or {}).get(ENTRY_KEY)
+    client = mps.get("client") if isinstance(mps, Mapping) else None
+    if not isinstance(client, Mapping) or client.get("threads") is None:
+        return ShareCondition(
+            False,
+            "AccountingOnly",
+            "shares of this GPU are booked by the scheduler only (NVIDIA_SHARES_MPS is off): "
+            "its processes can use all of the GPU's compute and memory",
+        )
+    pinned = client.get("pinned") or []
+    memory = f", pinned device memory {pinned[0] // mpsdaemon.MIB} MiB" if pinned else ""
+    return ShareCondition(
+        True,
+        "MPSClientLimits",
+        f"served by the GPU's MPS control daemon with this share's own limits: "
+        f"{client['threads']}% of its threads{memory}, through CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+        "and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in its CDI spec. Not limited: a process that "
+        "unsets them, or talks to the daemon's pipe directly (see docs/sharing.md)",
+    )

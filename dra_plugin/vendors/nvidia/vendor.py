@@ -25,13 +25,14 @@ from dra_plugin.vendors.base import (
     TelemetryReader,
     Vendor,
 )
-from dra_plugin.vendors.claimcontext import ClaimContext
+from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 from dra_plugin.vendors.nvidia import cdi, mpslimits, nvml, vfio
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
-from dra_plugin.vendors.nvidia.mps import MpsFor, MpsOptions, MpsStep, no_mps
+from dra_plugin.vendors.nvidia.mps import MpsStep
+from dra_plugin.vendors.nvidia.mpslimits import MpsFor, MpsOptions, no_mps
 from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
@@ -126,6 +127,9 @@ class NvidiaDriver(Driver):
         spec_edits["env"] = [*spec_edits.get("env", ()), *served["env"]]
         spec_edits["mounts"] = [*spec_edits.get("mounts", ()), *served["mounts"]]
         return replace(edits, spec_edits=spec_edits)
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        return mpslimits.share_condition(vendor)
 
     def on_demand(
         self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
