@@ -375,3 +375,33 @@ def test_the_claims_record_names_its_daemon_before_anything_is_made(
     assert dev.vendor is not None and dev.vendor["mps"]["dir"] == f"claim-{UID1}"
     assert deployments(server) == {} and world.mounted() == []
     assert world.modes()[UUID0] == "DEFAULT"
+
+
+def test_start_up_deletes_a_daemon_of_this_node_no_record_names_and_keeps_other_nodes(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    from dra_plugin.vendors.nvidia.mpsdaemon import DaemonSpec, deployment
+
+    def orphan(node: str) -> dict[str, Any]:
+        spec = DaemonSpec(
+            key="gpu-0", namespace=NAMESPACE, node=node, driver="gpu.nvidia.com",
+            image="i", driver_root="/", gpus=(UUID0,), pipe_dir="/p", log_dir="/l",
+            shm_dir="/s",
+        )  # fmt: skip
+        return deployment(spec)
+
+    with server.lock:
+        for node in (NODE, "other-node"):
+            obj = orphan(node)
+            server.objects.deployments[(NAMESPACE, obj["metadata"]["name"])] = obj
+    (tmp_path / "state" / "mps").mkdir(parents=True)  # MPS was used here; its record is lost
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        await api.close()
+
+    asyncio.run(go())
+    left = deployments(server)
+    assert [d["spec"]["template"]["spec"]["nodeName"] for d in left.values()] == ["other-node"]

@@ -354,8 +354,9 @@ class MpsStep:
 
     def _collect_deployments(self, kept: set[str]) -> None:
         """Deployments of ours on this node that no record names (nothing makes one
-        without its record; this is for a state dir lost or wiped under them)."""
-        if self.workloads is None:
+        without its record; this is for a state dir lost or wiped under them). Only where
+        MPS was ever used here: a start-up must not wait on the API for nothing."""
+        if self.workloads is None or files.kind(self.root) != "dir":
             return
         try:
             found = self.workloads.list_deployments(
