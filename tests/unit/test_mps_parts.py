@@ -209,3 +209,19 @@ def test_a_shares_status_says_whether_mps_holds_it_and_how_it_can_escape() -> No
     assert "25%" in held.message and "8192 MiB" in held.message and "unsets" in held.message
     booked = share_condition(None)
     assert (booked.enforced, booked.reason) == (False, "AccountingOnly")
+
+
+def test_multi_user_needs_volta_or_newer() -> None:
+    from dataclasses import replace
+
+    from dra_plugin.devices import Version
+    from dra_plugin.vendors.nvidia.mpslimits import volta_or_newer
+
+    def gpu(cc: str | None) -> Any:
+        attrs = dict(GPU.attributes)
+        if cc is not None:
+            attrs["cudaComputeCapability"] = Version(cc)
+        return replace(GPU, attributes=tuple(attrs.items()))
+
+    assert volta_or_newer(gpu("7.0.0")) and volta_or_newer(gpu("9.0.0"))
+    assert not volta_or_newer(gpu("6.1.0")) and not volta_or_newer(gpu(None))

@@ -11,13 +11,10 @@ Two kinds of daemon:
   its own limits, handed to its processes through their environment (mpsdaemon.ClientLimits).
 
 Crash safety. Each daemon has a record, `<plugin dir>/mps/<claim-UID | device-NAME>/daemon.json`
-(the GPUs, the limits, the claims it serves), written atomically BEFORE anything is made
-and removed LAST, after the Deployment, the compute mode, the tmpfs and the directories.
-Every step is idempotent, so a kill -9 anywhere is settled by running the same code again:
-the claim's next prepare (made again), its unprepare, or start-up (`reconcile`: a daemon
-whose claims are not held is removed; one with a held claim is kept). The core records
-vendor entries only with `completed`, so the record here is the intent; the vendor entry
-(key `mps`) is what the claim's CDI spec is rendered from.
+(GPUs, limits, the claims it serves), written before anything is made and removed last;
+the claim's own record names its daemon too (vendor entry `mps`, via ClaimContext.record)
+before anything is made. Every step is idempotent, so a kill -9 anywhere is settled by
+the same code again: the next prepare, the unprepare, or start-up (`reconcile`).
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ from dra_plugin.vendors.nvidia.mpslimits import (
     daemon_limits,
     no_mps,
     share_limits,
+    volta_or_newer,
 )
 from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
@@ -202,6 +200,8 @@ class MpsStep:
             dev = devices[name]
             if dev.attrs.get("type") != "gpu" or not dev.uuid:
                 raise MakeError(f"device {name}: MPS is served on whole GPUs only")
+            if name in asked and asked[name].multi_user and not volta_or_newer(dev):
+                raise MakeError(f"device {name}: MPS multiUser needs Volta or newer (7.0)")
         if shared:
             return self._plan_shared(claim, shared, devices)
         gpus = tuple(devices[n].uuid or n for n in sorted(asked))

@@ -39,6 +39,14 @@ class MpsOptions:
     shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
 
 
+def volta_or_newer(dev: Device) -> bool:
+    """Compute capability 7.0 or newer (what NVIDIA's driver requires of multiUser); an
+    unknown one is not."""
+    cc = dev.attrs.get("cudaComputeCapability")
+    major = str(getattr(cc, "value", cc) or "").split(".", 1)[0]
+    return major.isdigit() and int(major) >= 7
+
+
 def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
     """One daemon's defaults from its claim's per-device settings (the config is one per
     claim in NVIDIA's driver: the first device's thread percentage is the daemon's)."""
