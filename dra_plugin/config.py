@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -52,6 +53,7 @@ class Config:
     command: str = "run"
     node_name: str = ""
     pod_uid: str = ""
+    pod_namespace: str = ""  # where workloads of our own run ("" : none)
     vendors: tuple[str, ...] = registry.DEFAULT_ENABLED
     # vendor name -> that vendor's driver bound to its own settings (vendors/<name>/), for
     # every known vendor
@@ -256,6 +258,10 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
     if pod_uid and not all(c.isalnum() or c == "-" for c in pod_uid):
         raise ConfigError(f"{shown(raw, 'pod_uid')} may only hold letters, digits and '-'")
 
+    pod_namespace = raw["pod_namespace"].strip()
+    if pod_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", pod_namespace):
+        raise ConfigError(f"{shown(raw, 'pod_namespace')} is not a namespace name (a DNS label)")
+
     max_version = raw["cdi_max_version"]
     parts = max_version.split(".")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
@@ -273,6 +279,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         command=command,
         node_name=node_name,
         pod_uid=pod_uid,
+        pod_namespace=pod_namespace,
         vendors=vendors,
         vendor_drivers=bound,
         registrar_dir=Path(raw["kubelet_registrar_directory_path"]),

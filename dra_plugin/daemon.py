@@ -45,6 +45,7 @@ from dra_plugin.running.startup import (
     make_dir,
     undo_dirs_on_failure,
 )
+from dra_plugin.running.workloads import LoopWorkloads
 from dra_plugin.sampling.claimholders import ClaimHolders
 from dra_plugin.sampling.sampler import Sampler
 from dra_plugin.slices.publisher import SlicePublisher
@@ -123,8 +124,11 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     # 2. Discovery, logged once per vendor; what a driver makes on demand is bound first
     #    (discovery asks it which devices it made).
     boot_id = read_boot_id()
+    workloads = None
+    if cfg.pod_namespace:  # workloads of our own (MPS daemons) run beside us there
+        workloads = LoopWorkloads(api, asyncio.get_running_loop(), cfg.pod_namespace, cfg.node_name)
     for d in drivers:
-        d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id, cfg.host_root)
+        d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id, cfg.host_root, workloads)
     inv = await asyncio.to_thread(inventory.discover, cfg)
     for note in inv.notes:
         log.warning("%s", note)

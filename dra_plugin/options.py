@@ -73,6 +73,13 @@ COMMON = (
 RUN = (
     Option("--pod-uid", "POD_UID", "pod UID; enables rolling-update socket names", ""),
     Option(
+        "--pod-namespace",
+        "POD_NAMESPACE",
+        "the plugin pod's namespace, where it runs workloads of its own (a vendor's "
+        "per-claim daemons); empty: none are run",
+        "",
+    ),
+    Option(
         "--kubelet-registrar-directory-path",
         "KUBELET_REGISTRAR_DIRECTORY_PATH",
         "kubelet plugin registration directory",

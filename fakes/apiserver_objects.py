@@ -14,6 +14,8 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from fakes import apiserver_workloads
+
 if TYPE_CHECKING:
     from fakes.apiserver import FakeAPIServer
 
@@ -30,6 +32,7 @@ class Objects:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], Obj] = {}
         self.classes: dict[str, Obj] = {}
+        self.deployments: dict[tuple[str, str], Obj] = {}  # apiserver_workloads.py
 
 
 def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
@@ -88,6 +91,8 @@ def route(
 ) -> tuple[int, Obj] | None:
     """(status, body) for the paths this module serves; None for all others."""
     objects: Objects = st.objects
+    if (served := apiserver_workloads.route(st, method, path, query, body)) is not None:
+        return served
     if path == _SLICES and method == "DELETE":
         selector = query.get("fieldSelector", "")
         with st.lock:

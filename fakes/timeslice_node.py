@@ -60,12 +60,20 @@ class SliceNode:
     """One plugin process's view: the driver, its time-slicer, its preparer."""
 
     def __init__(
-        self, droot: Path, root: Path, api: FakeApi, *, boot: str = "boot-1", **kw: Any
+        self,
+        droot: Path,
+        root: Path,
+        api: FakeApi,
+        *,
+        boot: str = "boot-1",
+        shared: bool = False,
+        **kw: Any,
     ) -> None:
         (root / "state").mkdir(parents=True, exist_ok=True)
         (root / "cdi").mkdir(parents=True, exist_ok=True)
         base = as_driver(Config().driver("nvidia"), NvidiaDriver)
-        self.driver = base.rebound(replace(base.settings, driver_root=droot))
+        mode = "shared" if shared else base.settings.sharing_mode
+        self.driver = base.rebound(replace(base.settings, driver_root=droot, sharing_mode=mode))
         steps = self.driver.on_demand(root / "state", boot, root)
         assert steps is not None and self.driver.timeslicer is not None
         self.slicer: TimeSlicer = self.driver.timeslicer

@@ -18,6 +18,8 @@ from collections.abc import Coroutine
 from dataclasses import asdict
 from typing import Any, Protocol, TypeVar
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.checkpoint.snapshot import CheckpointError
 from dra_plugin.config import Config
 from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
 from dra_plugin.doctor.nodecheck import check_links, check_modules, check_pci
@@ -207,7 +209,11 @@ def run_doctor(
     bus = gpus or []
     vendor_findings: list[Finding] = []
     for vendor in registry.VENDORS:
-        ctx = DoctorContext(host, bus, loaded, talos, enabled=vendor.name in cfg.vendors)
+        name = cfg.driver(vendor.name).driver_name
+        ctx = DoctorContext(
+            host, bus, loaded, talos, enabled=vendor.name in cfg.vendors,
+            plugin_dir=cfg.plugin_dir(name), held=_held(cfg, name),
+        )  # fmt: skip
         vendor_findings += cfg.driver(vendor.name).doctor(ctx)
     pci = check_pci(cfg, host, gpus, loaded)
     if any(f.check == "pci" and f.status is Status.FAIL for f in vendor_findings):
@@ -267,3 +273,12 @@ def render_json(report: Report) -> str:
 def exit_code(report: Report) -> int:
     """0: all PASS; 1: some WARN; 2: some FAIL."""
     return int(report.worst)
+
+
+def _held(cfg: Config, driver: str) -> frozenset[str] | None:
+    """The claims a driver's checkpoint holds, read only (None: cannot tell)."""
+    try:
+        state = Checkpoint(cfg.plugin_dir(driver), driver).read()
+    except (OSError, CheckpointError):
+        return None
+    return frozenset(state.claims) if state is not None else frozenset()

@@ -12,7 +12,9 @@ exception chained as the cause. Its modules, by job:
   discovery.py  the served resource.k8s.io version (cached) and v1beta1 -> v1 conversion
   objects.py    claims (and their status), nodes, slices, access reviews
   watch.py      the resilient ResourceSlice watch
-`KubeAPI` stacks them: Transport -> ResourceDiscovery -> ResourceObjects -> SliceWatch.
+  workloads.py  Deployments and Pods the plugin runs in its own namespace (MPS daemons)
+`KubeAPI` stacks them: Transport -> ResourceDiscovery -> ResourceObjects -> SliceWatch, with
+WorkloadObjects beside.
 
 Objects are plain dicts in the API's JSON shape. The kubernetes client's generated models
 are bypassed on purpose: `CustomObjectsApi` speaks dicts for every resource.k8s.io
@@ -43,9 +45,10 @@ from dra_plugin.kubeapi.errors import (
 from dra_plugin.kubeapi.settings import ClientSettings
 from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts
 from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent
+from dra_plugin.kubeapi.workloads import WorkloadObjects
 
 
-class KubeAPI(SliceWatch):
+class KubeAPI(SliceWatch, WorkloadObjects):
     """Async facade over the kubernetes client for the objects this plugin touches."""
 
 

@@ -86,6 +86,21 @@ THROTTLE = Series(
     "1 while the clock event (throttle) reason is active",
     ("reason",),
 )
+MPS_CLIENTS = Series(
+    "mps_clients", "gauge", "Claims the MPS control daemon serving the GPU serves", ("daemon",)
+)
+MPS_THREADS = Series(
+    "mps_active_thread_percentage",
+    "gauge",
+    "MPS active thread limit: the daemon's default (empty claim_uid) or a claim's own",
+    ("daemon", "claim_uid"),
+)
+MPS_PINNED = Series(
+    "mps_pinned_memory_limit_bytes",
+    "gauge",
+    "MPS pinned device memory limit: the daemon's default (empty claim_uid) or a claim's own",
+    ("daemon", "claim_uid"),
+)
 UP = Series("up", "gauge", "1 when the last sample read the device, 0 when it did not answer")
 INFO = Series(
     "info", "gauge", "Device identity (value 1)", ("vendor", "uuid", "kernel_driver", "node")
@@ -102,7 +117,8 @@ CATALOGUE: tuple[Series, ...] = (
     UP, INFO, CLAIM_INFO, UTILIZATION, MEMORY_UTILIZATION, MEMORY_USED, MEMORY_TOTAL,
     TEMPERATURE, POWER, POWER_LIMIT, ENERGY, SM_CLOCK, MEMORY_CLOCK, GT_FREQUENCY,
     GT_REQUESTED_FREQUENCY, RC6_RESIDENCY, PCIE_GEN, PCIE_MAX_GEN, PCIE_WIDTH,
-    PCIE_MAX_WIDTH, ECC_ERRORS, XID_ERRORS, RESETS, THROTTLE,
+    PCIE_MAX_WIDTH, ECC_ERRORS, XID_ERRORS, RESETS, THROTTLE, MPS_CLIENTS, MPS_THREADS,
+    MPS_PINNED,
 )  # fmt: skip
 
 

@@ -42,6 +42,7 @@ from dra_plugin.options import (
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
 from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
+from dra_plugin.vendors.workloads import Workloads
 
 
 class VendorSettings(Protocol):
@@ -174,6 +175,8 @@ class DoctorContext:
     loaded: set[str] | None  # loaded kernel modules (None: unknown)
     talos: bool
     enabled: bool  # whether this vendor is in VENDORS
+    plugin_dir: Path | None = None  # the driver's plugin dir (its own records)
+    held: frozenset[str] | None = None  # claim UIDs its checkpoint holds (None: unknown)
 
 
 class Vendor(ABC):
@@ -285,9 +288,12 @@ class Driver(ABC):
     def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
         return None  # what a share of `device` (its vendor entry) is told in its claim status
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
-        """What makes this driver's devices on demand, keeping its own record in
-        `state_dir` (the driver's plugin dir); None: every device exists already."""
+    def on_demand(
+        self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
+    ) -> OnDemand | None:
+        """What makes this driver's devices on demand (or prepares them per claim), keeping
+        its own record in `state_dir` (the driver's plugin dir); None: nothing to do per
+        claim. `workloads`: where it may run workloads beside the plugin (None: nowhere)."""
         return None
 
 

@@ -20,7 +20,7 @@ def _pod(rendered: list[Manifest]) -> dict[str, Any]:
 def _env(rendered: list[Manifest]) -> dict[str, str]:
     """The container's environment as the kubelet would set it on node NODE."""
     (container,) = _pod(rendered)["containers"]
-    downward = {"spec.nodeName": NODE, "metadata.uid": POD_UID}
+    downward = {"spec.nodeName": NODE, "metadata.uid": POD_UID, "metadata.namespace": "dra"}
     env = {}
     for e in container["env"]:
         if "valueFrom" in e:
@@ -201,5 +201,66 @@ def test_rbac_is_exactly_what_the_plugin_needs(rendered: list[Manifest]) -> None
             "namespace": sa["metadata"]["namespace"],
         }
     ]
-    # No Role, RoleBinding or second ClusterRole sneaks in more rights.
-    assert not [m for m in rendered if m["kind"] in ("Role", "RoleBinding")]
+    # No second ClusterRole, and a Role only for MPS (test below).
+    assert len([m for m in rendered if m["kind"] == "ClusterRole"]) == 1
+    if not _mps(rendered):
+        assert not [m for m in rendered if m["kind"] in ("Role", "RoleBinding")]
+
+
+def _mps(rendered: list[Manifest]) -> bool:
+    return "NVIDIA_MPS_IMAGE" in _env(rendered)
+
+
+def test_mps_rights_are_a_role_in_the_plugins_namespace_only(rendered: list[Manifest]) -> None:
+    """MPS control daemons are Deployments in the release namespace: a Role there with
+    exactly the verbs the plugin uses (create, read, delete; Pods only listed), bound to
+    its service account; nothing cluster-wide. Without MPS, no Role at all."""
+    roles = [m for m in rendered if m["kind"] == "Role"]
+    if not _mps(rendered):
+        assert roles == []
+        return
+    (role,) = roles
+    sa = only(rendered, "ServiceAccount")
+    namespace = sa["metadata"]["namespace"]
+    assert role["metadata"]["namespace"] == namespace
+    rules = sorted(
+        (tuple(r["apiGroups"]), tuple(r["resources"]), tuple(sorted(r["verbs"])))
+        for r in role["rules"]
+    )
+    assert rules == [
+        (("",), ("pods",), ("list",)),
+        (("apps",), ("deployments",), ("create", "delete", "get", "list")),
+    ]
+    assert all(set(r) <= {"apiGroups", "resources", "verbs"} for r in role["rules"])
+    binding = only(rendered, "RoleBinding")
+    assert binding["metadata"]["namespace"] == namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": namespace}
+    ]
+    # The plugin is told its namespace (where it creates them) and the daemons' image.
+    (container,) = _pod(rendered)["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["NVIDIA_MPS_IMAGE"]["value"] == container["image"]
+    # The tmpfs the plugin mounts under its dir must reach the host (daemon pods, claims).
+    plugins = next(m for m in container["volumeMounts"] if m["name"] == "plugins")
+    assert plugins["mountPropagation"] == "Bidirectional"
+
+
+def test_mps_settings_the_chart_refuses() -> None:
+    """MPS for shares without the daemons, or shares of GPUs that are not shared, or
+    daemons without a privileged plugin (its tmpfs needs Bidirectional propagation)."""
+    from .rendering import run_helm, template_args
+
+    for sets, message in {
+        "nvidia.sharing.mps=true,nvidia.sharing.mode=shared": "needs nvidia.mps.enabled",
+        "nvidia.sharing.mps=true,nvidia.mps.enabled=true": 'needs nvidia.sharing.mode "shared"',
+        "nvidia.mps.enabled=true,securityContext.privileged=false": "needs a privileged plugin",
+    }.items():
+        proc = run_helm(*template_args(None, "--set", sets), check=False)
+        assert proc.returncode != 0 and message in proc.stderr, (sets, proc.stderr)

@@ -70,6 +70,8 @@ def test_chart_objects(value_set: str | None, rendered: list[Manifest]) -> None:
     expected = ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
     if values["namespace"]["create"]:
         expected.append("Namespace")
+    if values["nvidia"]["enabled"] and values["nvidia"].get("mps", {}).get("enabled"):
+        expected += ["Role", "RoleBinding"]  # MPS control daemons in our namespace
     if values["admissionPolicy"]["enabled"]:
         # One for ResourceSlice writes, one for ResourceClaim status writes.
         expected += ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"] * 2

@@ -272,6 +272,9 @@ def start(
         args.append(f"--feature-gates={feature_gates}")
     if runtime_config:
         args.append(f"--runtime-config={runtime_config}")
+    # As kubeadm and every distribution set it: the plugin's DaemonSet (NVIDIA) and its
+    # MPS control daemons are privileged pods (kube-apiserver's own default refuses them).
+    args += ["--", "--allow-privileged=true"]
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -111,6 +111,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if and .Values.nvidia.enabled (eq (clean .Values.nvidia.driverRoot) "/") (ne (include "dra-plugin.hostRoot" .) "true") }}
 {{- fail "nvidia.driverRoot \"/\" is read through the host root: hostRoot.mount must not be false" }}
 {{- end }}
+{{- if and .Values.nvidia.enabled .Values.nvidia.mps.enabled (ne (include "dra-plugin.privileged" .) "true") }}
+{{- fail "nvidia.mps.enabled needs a privileged plugin (it mounts the daemons' tmpfs with Bidirectional propagation): securityContext.privileged must not be false" }}
+{{- end }}
+{{- if and .Values.nvidia.enabled .Values.nvidia.sharing.mps (not .Values.nvidia.mps.enabled) }}
+{{- fail "nvidia.sharing.mps needs nvidia.mps.enabled (the daemons run as Deployments)" }}
+{{- end }}
+{{- if and .Values.nvidia.enabled .Values.nvidia.sharing.mps (ne .Values.nvidia.sharing.mode "shared") }}
+{{- fail "nvidia.sharing.mps needs nvidia.sharing.mode \"shared\"" }}
+{{- end }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "shutdownGraceSeconds must be below terminationGracePeriodSeconds" }}
 {{- end }}
@@ -179,6 +188,19 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
 {{- if $nvidiaRoot }}
 - name: NVIDIA_DRIVER_ROOT
   value: {{ $nvidiaRoot | quote }}
+{{- end }}
+{{- if .Values.nvidia.mps.enabled }}
+{{- /* MPS control daemons run as Deployments in our own namespace, from our image. */}}
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: NVIDIA_MPS_IMAGE
+  value: {{ include "dra-plugin.image" . | quote }}
+- name: NVIDIA_MPS_READY_TIMEOUT_SECONDS
+  value: {{ .Values.nvidia.mps.readyTimeoutSeconds | quote }}
+- name: NVIDIA_SHARES_MPS
+  value: {{ .Values.nvidia.sharing.mps | default false | quote }}
 {{- end }}
 {{- end }}
 {{- if .Values.amd.enabled }}

@@ -44,6 +44,7 @@ from dra_plugin.vendors.base import (
     vfio_option,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
+from dra_plugin.vendors.workloads import Workloads
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,9 @@ class AmdDriver(Driver):
             shared_nodes=edits.shared_nodes,
         )
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
+    def on_demand(
+        self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
+    ) -> OnDemand | None:
         return CuBook(state_dir) if self.sharing is not None else None
 
     def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:

@@ -11,6 +11,7 @@ from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.vendors.base import DoctorContext
 from dra_plugin.vendors.nvidia.model import NVIDIA_MAJOR
+from dra_plugin.vendors.nvidia.mpsdoctor import check_mps
 from dra_plugin.vendors.nvidia.settings import NvidiaSettings
 
 NVIDIA_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
@@ -60,6 +61,8 @@ def check_nvidia(settings: NvidiaSettings, ctx: DoctorContext, vendor_id: str) -
     out += _check_nodes(host, mine)
     if ctx.enabled:
         out += check_nvml(settings, host, mine, loaded)
+        if mine:
+            out += check_mps(settings.driver_root, ctx.plugin_dir, ctx.held)
     return out
 
 

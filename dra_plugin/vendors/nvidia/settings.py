@@ -8,10 +8,13 @@ from pathlib import Path
 from dra_plugin.options import (
     EVERY,
     RUN_DISCOVER,
+    RUN_ONLY,
     ConfigError,
     Option,
     Raw,
     absolute_path,
+    label,
+    number,
     shown,
     split,
 )
@@ -80,6 +83,30 @@ OPTIONS = (
         commands=RUN_DISCOVER,
     ),
     Option(
+        "--nvidia-mps-image",
+        "NVIDIA_MPS_IMAGE",
+        "image of the MPS control daemon pods (the chart sets the plugin's own image; the "
+        "daemon runs from the driver root)",
+        "",
+        commands=RUN_ONLY,
+    ),
+    Option(
+        "--nvidia-mps-ready-timeout",
+        "NVIDIA_MPS_READY_TIMEOUT_SECONDS",
+        "how long a prepare waits for a claim's MPS control daemon to be ready",
+        "30",
+        commands=RUN_ONLY,
+    ),
+    Option(
+        "--nvidia-shares-mps",
+        "NVIDIA_SHARES_MPS",
+        "shared NVIDIA GPUs are served by one MPS control daemon each, and each claim's "
+        "consumed shares (and memory) become its MPS limits",
+        "false",
+        ("true", "false"),
+        commands=RUN_ONLY,
+    ),
+    Option(
         "--xid-ignore",
         "NVIDIA_XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
@@ -100,6 +127,9 @@ class NvidiaSettings:
     xid_ignore: tuple[int, ...] = DEFAULT_XID_IGNORE
     vfio: bool = False  # publish VFIO-bound GPUs (found through udev, not NVML)
     mig_partitions: bool = False  # MIG placements published, instances made on demand
+    mps_image: str = ""
+    mps_ready_timeout: float = 30.0
+    shares_mps: bool = False  # shared GPUs get one MPS daemon each, shares become limits
 
     @property
     def sharing(self) -> Sharing | None:
@@ -117,6 +147,12 @@ class NvidiaSettings:
             ) from None
         mode, shares = parse_shares(NVIDIA, raw)
         partitions = raw["nvidia_mig_partitions"] == "true"
+        shares_mps = raw["nvidia_shares_mps"] == "true"
+        if shares_mps and mode != SHARED:
+            raise ConfigError(
+                f"{shown(raw, 'nvidia_shares_mps')} needs {shown(raw, 'nvidia_sharing')} "
+                "to be shared: only shares are enforced with MPS"
+            )
         if partitions and mode == SHARED:
             # A MIG instance made for a claim is that claim's; NVIDIA's DynamicMIG
             # excludes MPS sharing the same way.
@@ -141,4 +177,14 @@ class NvidiaSettings:
             xid_ignore=xids,
             vfio=parse_vfio(NVIDIA, raw),
             mig_partitions=partitions,
+            mps_image=raw["nvidia_mps_image"].strip(),
+            mps_ready_timeout=float(
+                number(
+                    label(raw, "nvidia_mps_ready_timeout"),
+                    raw["nvidia_mps_ready_timeout"],
+                    float,
+                    1,
+                )
+            ),
+            shares_mps=shares_mps,
         )

@@ -4,7 +4,8 @@ NVIDIA_VFIO GPUs bound to vfio-pci, found through udev (vfio.py)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from dra_plugin.cdi.claims import CdiError, ClaimEdits
@@ -18,23 +19,32 @@ from dra_plugin.vendors.base import (
     DoctorContext,
     Driver,
     DrmScan,
+    MakeError,
     Monitor,
     MonitorHooks,
     OnDemand,
     TelemetryReader,
     Vendor,
 )
-from dra_plugin.vendors.claimcontext import ClaimContext
-from dra_plugin.vendors.nvidia import cdi, claimconfigs, configs, nvml, vfio
+from dra_plugin.vendors.claimcontext import (
+    AllocatedDevice,
+    ClaimContext,
+    ShareCondition,
+    VendorEntry,
+)
+from dra_plugin.vendors.nvidia import cdi, claimconfigs, configs, mpslimits, nvml, vfio
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID
+from dra_plugin.vendors.nvidia.mps import MpsStep
+from dra_plugin.vendors.nvidia.mpslimits import MpsFor, MpsOptions
 from dra_plugin.vendors.nvidia.ondemand import NOTHING_MADE, MigMaker
 from dra_plugin.vendors.nvidia.settings import OPTIONS, NvidiaSettings
-from dra_plugin.vendors.nvidia.sharingconfig import Strategy
+from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings, Strategy
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from dra_plugin.vendors.nvidia.timeslice import TimeSlicer
+from dra_plugin.vendors.workloads import Workloads
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +89,11 @@ class NvidiaDriver(Driver):
         self.health: NvmlHealthMonitor | None = None  # set by monitors()
         self.maker: MigMaker | None = None  # set by on_demand() with NVIDIA_MIG_PARTITIONS
         self.timeslicer: TimeSlicer | None = None  # set by on_demand()
+        self.mps: MpsStep | None = None  # set by on_demand()
         # Whether a step serves MPS; until one does, a claim asking for MPS is refused.
         self.serves_mps = False
+        # The claim's MPS settings per device: NVIDIA's configs, decoded (_mps_for).
+        self.mps_for: MpsFor = self._mps_for
         self._plan_reason = ""  # the userspace plan is logged when it changes
 
     @property
@@ -121,7 +134,14 @@ class NvidiaDriver(Driver):
             self._plan_reason = plan.reason
             level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
-        return cdi.claim_edits(devices, plan)
+        edits = cdi.claim_edits(devices, plan)
+        served = mpslimits.client_edits([d.vendor for d in claim.devices])
+        if served is None:
+            return edits
+        spec_edits = dict(edits.spec_edits)
+        spec_edits["env"] = [*spec_edits.get("env", ()), *served["env"]]
+        spec_edits["mounts"] = [*spec_edits.get("mounts", ()), *served["mounts"]]
+        return replace(edits, spec_edits=spec_edits)
 
     def _check_configs(self, devices: Sequence[Device], claim: ClaimContext) -> None:
         """The claim's NVIDIA configs, refused before anything is prepared when one is
@@ -137,7 +157,25 @@ class NvidiaDriver(Driver):
                     "served by this driver; the claim was not prepared"
                 )
 
-    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> ClaimSteps | None:
+    def _mps_for(
+        self, claim: ClaimContext, device: AllocatedDevice, devices: Mapping[str, Device]
+    ) -> MpsSettings | None:
+        """What the claim's NVIDIA configs ask of MPS for `device` (None: no MPS)."""
+        try:
+            found = claimconfigs.applied(claim, devices)
+        except configs.NvidiaConfigError as exc:  # checked at claim_edits already
+            raise MakeError(str(exc)) from exc
+        a = found.get(device.device)
+        if a is None or a.sharing is None or a.sharing.strategy is not Strategy.MPS:
+            return None
+        return a.sharing.mps or MpsSettings()
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        return mpslimits.share_condition(vendor)
+
+    def on_demand(
+        self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
+    ) -> ClaimSteps | None:
         # Each per-claim step (claimsteps.py) in the order it runs at prepare.
         steps: list[OnDemand] = []
         if self.settings.mig_partitions:
@@ -151,6 +189,18 @@ class NvidiaDriver(Driver):
             self.driver_name, self.settings.driver_root, state_dir, boot_id
         )
         steps.append(self.timeslicer)
+        # MPS last: it serves the devices the steps before it made. Always there, so a claim
+        # asking for MPS where it cannot run gets an error naming what is missing.
+        s = self.settings
+        options = MpsOptions(
+            s.driver_name, s.mps_image, s.mps_ready_timeout,
+            s.sharing if s.shares_mps else None,
+        )  # fmt: skip
+        self.mps = MpsStep(
+            options, state_dir, s.driver_root, workloads, self.mps_for, host_root=host_root
+        )
+        steps.append(self.mps)
+        self.serves_mps = True
         return ClaimSteps(steps)
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
@@ -173,7 +223,12 @@ class NvidiaDriver(Driver):
 
     def telemetry(self) -> TelemetryReader | None:
         health = self.health
-        return NvmlReader(self.settings.driver_root, health.xid_counts if health else None)
+        mps = self.mps
+        return NvmlReader(
+            self.settings.driver_root,
+            health.xid_counts if health else None,
+            mps.daemons if mps is not None else None,
+        )
 
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_nvidia(self.settings, ctx, PCI_VENDOR_ID.removeprefix("0x"))

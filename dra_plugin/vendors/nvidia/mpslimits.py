@@ -1,0 +1,121 @@
+"""What a claim's MPS limits are (pure): a daemon's defaults from the claim's MPS config,
+a share's own limits from the capacity it consumed, and the CDI edits its containers get
+from the vendor entry the MPS step recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dra_plugin.devices import Device
+from dra_plugin.quantity import parse_quantity
+from dra_plugin.sharing import MEMORY, SHARES, Sharing
+from dra_plugin.vendors.claimcontext import (
+    AllocatedDevice,
+    ClaimContext,
+    ShareCondition,
+    VendorEntry,
+)
+from dra_plugin.vendors.nvidia import mpsdaemon
+from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits
+from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
+
+ENTRY_KEY = "mps"  # the MPS step's key in the device's vendor entry
+
+# "The claim's MPS settings" for one of its devices (None: it does not ask for MPS).
+# (the claim, one of its devices, the driver's devices as the claim gets them)
+MpsFor = Callable[[ClaimContext, AllocatedDevice, Mapping[str, Device]], MpsSettings | None]
+
+
+def no_mps(
+    claim: ClaimContext, device: AllocatedDevice, devices: Mapping[str, Device]
+) -> MpsSettings | None:
+    return None
+
+
+@dataclass(frozen=True)
+class MpsOptions:
+    driver: str
+    image: str  # "" : no daemons can be run (MPS refused, naming the setting)
+    ready_timeout: float = 30.0
+    shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
+
+
+def volta_or_newer(dev: Device) -> bool:
+    """Compute capability 7.0 or newer (what NVIDIA's driver requires of multiUser); an
+    unknown one is not."""
+    cc = dev.attrs.get("cudaComputeCapability")
+    major = str(getattr(cc, "value", cc) or "").split(".", 1)[0]
+    return major.isdigit() and int(major) >= 7
+
+
+def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
+    """One daemon's defaults from its claim's per-device settings (the config is one per
+    claim in NVIDIA's driver: the first device's thread percentage is the daemon's)."""
+    first = asked[sorted(asked)[0]]
+    pinned: dict[str, int] = {}
+    for name, s in asked.items():
+        limit = s.pinned_for(uuids[name])
+        if limit is not None:
+            pinned[uuids[name]] = limit
+    return DaemonLimits(first.active_thread_percentage, pinned, first.multi_user)
+
+
+def share_limits(d: AllocatedDevice, dev: Device, sharing: Sharing) -> ClientLimits:
+    """A share's own limits: its shares of N as the active thread percentage, its memory
+    (booked, else the same fraction of the GPU's) as the pinned memory limit."""
+    shares = _whole(d.consumed.get(SHARES), 1)
+    n = max(sharing.shares, 1)
+    threads = max(1, min(100, (100 * shares) // n))
+    memory = _whole(d.consumed.get(MEMORY), 0)
+    total = dev.caps.get(MEMORY, 0)
+    if not memory and total:
+        memory = total * shares // n
+    pinned = (memory,) if memory >= mpsdaemon.MIB else ()
+    return ClientLimits(threads, pinned)
+
+
+def _whole(raw: str | None, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        return int(parse_quantity(raw))
+    except (ValueError, ArithmeticError):
+        return default
+
+
+def client_edits(entries: Sequence[VendorEntry | None]) -> dict[str, Any] | None:
+    """The claim's MPS edits from its devices' vendor entries (None: no MPS)."""
+    for entry in entries:
+        mps = (entry or {}).get(ENTRY_KEY)
+        if isinstance(mps, Mapping) and isinstance(mps.get("pipe"), str):
+            client = mps.get("client") or {}
+            limits = ClientLimits(
+                client.get("threads"), tuple(int(m) for m in client.get("pinned") or ())
+            )
+            return mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
+    return None
+
+
+def share_condition(vendor: VendorEntry | None) -> ShareCondition:
+    """What a share of an NVIDIA GPU is told in its claim status (ShareLimits)."""
+    mps = (vendor or {}).get(ENTRY_KEY)
+    client = mps.get("client") if isinstance(mps, Mapping) else None
+    if not isinstance(client, Mapping) or client.get("threads") is None:
+        return ShareCondition(
+            False,
+            "AccountingOnly",
+            "shares of this GPU are booked by the scheduler only (NVIDIA_SHARES_MPS is off): "
+            "its processes can use all of the GPU's compute and memory",
+        )
+    pinned = client.get("pinned") or []
+    memory = f", pinned device memory {pinned[0] // mpsdaemon.MIB} MiB" if pinned else ""
+    return ShareCondition(
+        True,
+        "MPSClientLimits",
+        f"served by the GPU's MPS control daemon with this share's own limits: "
+        f"{client['threads']}% of its threads{memory}, through CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+        "and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT in its CDI spec. Not limited: a process that "
+        "unsets them, or talks to the daemon's pipe directly (see docs/sharing.md)",
+    )

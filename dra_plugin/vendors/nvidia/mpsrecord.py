@@ -1,0 +1,94 @@
+"""The record of one MPS control daemon (mps.py): `<plugin dir>/mps/<dir>/daemon.json`,
+written before anything of the daemon is made and removed last (`dir` is `claim-<UID>` for
+a claim's own daemon, `device-<name>` for a shared GPU's)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dra_plugin.host import files
+from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits
+
+RECORD = "daemon.json"
+RECORD_VERSION = 1
+CLAIM_DIR = re.compile(r"claim-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+DEVICE_DIR = re.compile(r"device-([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)")
+
+
+def our_dir(name: str) -> bool:
+    """Whether `name` (an entry of the mps dir) is a daemon dir's name, in full."""
+    return bool(CLAIM_DIR.fullmatch(name) or DEVICE_DIR.fullmatch(name))
+
+
+@dataclass
+class DaemonRecord:
+    """What one daemon is, on disk (see the module docstring)."""
+
+    dir: str  # claim-<uid> or device-<name>
+    key: str  # the claim UID or the device name
+    name: str  # its Deployment
+    gpus: tuple[str, ...]
+    limits: DaemonLimits
+    holders: list[str] = field(default_factory=list)  # the claims it serves
+    # A shared GPU's claims' own limits: uid -> {"threads": int, "pinned": bytes}.
+    clients: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        return self.dir.startswith("device-")
+
+    def encode(self) -> bytes:
+        body = {
+            "v": RECORD_VERSION,
+            "key": self.key,
+            "name": self.name,
+            "gpus": list(self.gpus),
+            "limits": self.limits.as_json(),
+            "holders": sorted(self.holders),
+            "clients": {u: c for u, c in sorted(self.clients.items()) if u in self.holders},
+        }
+        return json.dumps(body, sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, dirname: str, raw: Any) -> DaemonRecord | None:
+        if not isinstance(raw, dict) or raw.get("v") != RECORD_VERSION:
+            return None
+        try:
+            lim = raw.get("limits") or {}
+            limits = DaemonLimits(
+                active_thread_percentage=lim.get("threads"),
+                pinned_memory={str(k): int(v) for k, v in (lim.get("pinned") or {}).items()},
+                multi_user=bool(lim.get("multiUser", False)),
+            )
+            return cls(
+                dirname,
+                str(raw["key"]),
+                str(raw["name"]),
+                tuple(str(g) for g in raw["gpus"]),
+                limits,
+                [str(h) for h in raw.get("holders") or []],
+                {
+                    str(u): {str(k): int(v) for k, v in c.items()}
+                    for u, c in (raw.get("clients") or {}).items()
+                },
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def scan(root: Path) -> list[DaemonRecord]:
+    """Every valid record under `root` (the mps dir), read only: for telemetry and doctor,
+    which must never touch what a claim pass may be writing."""
+    if files.kind(root) != "dir":
+        return []
+    out: list[DaemonRecord] = []
+    for entry in sorted(root.iterdir()):
+        if our_dir(entry.name):
+            rec = DaemonRecord.decode(entry.name, files.read_json(entry / RECORD))
+            if rec is not None:
+                out.append(rec)
+    return out

@@ -1,0 +1,183 @@
+"""A claim preparer with NVIDIA's MPS step, talking to a fake API server over HTTP through
+the plugin's own API client, for the MPS tests (tests/integration/test_mps.py).
+
+`python -m fakes.mps_harness ROOT URL ACTION UID [STEP]` is one plugin "process" of the
+kill -9 test: it starts up (recovery and reconcile), then prepares (`prepare`) or
+unprepares (`unprepare`) claim UID, or does nothing more (`startup`), and SIGKILLs itself
+when the step named STEP is reached. It prints one JSON line: the answer, or nothing when killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
+from dra_plugin.config import Config
+from dra_plugin.devices import Device, make_device
+from dra_plugin.kubeapi import KubeAPI
+from dra_plugin.running.workloads import LoopWorkloads
+from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.base import as_driver
+from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
+from dra_plugin.vendors.nvidia.model import NVIDIA
+from dra_plugin.vendors.nvidia.mps import MpsStep
+from dra_plugin.vendors.nvidia.mpslimits import MpsOptions
+from dra_plugin.vendors.nvidia.vendor import NvidiaDriver
+
+NODE = "mini-1"
+NAMESPACE = "dra-system"
+DRIVER = "gpu.nvidia.com"
+IMAGE = "dra-plugin:test"
+GIB = 2**30
+GPUS = {
+    "GPU-00000000-aaaa-4bbb-8ccc-000000000000": 40 * GIB,
+    "GPU-00000001-aaaa-4bbb-8ccc-000000000001": 40 * GIB,
+}
+
+
+def gpu(minor: int) -> Device:
+    uuid = list(GPUS)[minor]
+    return make_device(
+        name=f"gpu-{minor}",
+        vendor=NVIDIA,
+        driver=DRIVER,
+        attributes={"type": "gpu", "uuid": uuid},
+        capacity={"memory": GPUS[uuid]},
+        uuid=uuid,
+        extra={"minor": str(minor)},
+    )
+
+
+def mps_config(threads: int | None = None, pinned: int | None = None) -> dict[str, Any]:
+    """NVIDIA's GpuConfig asking for MPS, as a claim carries it (decoded by the NVIDIA
+    driver's own configs decoder)."""
+    mps: dict[str, Any] = {}
+    if threads is not None:
+        mps["defaultActiveThreadPercentage"] = threads
+    if pinned is not None:
+        mps["defaultPinnedDeviceMemoryLimit"] = str(pinned)
+    return {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": mps},
+    }
+
+
+def claim_obj(
+    uid: str,
+    devices: list[str],
+    *,
+    name: str = "",
+    config: dict[str, Any] | None = None,
+    share_ids: Mapping[str, str] | None = None,
+    consumed: Mapping[str, dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    results = []
+    for d in devices:
+        r: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}
+        if share_ids and d in share_ids:
+            r["shareID"] = share_ids[d]
+        if consumed and d in consumed:
+            r["consumedCapacity"] = consumed[d]
+        results.append(r)
+    alloc: dict[str, Any] = {"devices": {"results": results}}
+    if config is not None:
+        alloc["devices"]["config"] = [
+            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}
+        ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"namespace": "default", "name": name or f"claim-{uid[:8]}", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "status": {"allocation": alloc},
+    }
+
+
+def ref(obj: Mapping[str, Any]) -> ClaimRef:
+    meta = obj["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+def nvidia_driver(driver_root: Path) -> NvidiaDriver:
+    d = as_driver(Config().driver(NVIDIA), NvidiaDriver)
+    d = d.rebound(replace(d.settings, driver_root=driver_root, cdi_strategy="device-nodes"))
+    d.serves_mps = True  # the MPS step is built by hand below, not by on_demand()
+    return d
+
+
+def preparer(
+    root: Path,
+    api: KubeAPI,
+    driver_root: Path,
+    *,
+    shares: Sharing | None = None,
+    ready_timeout: float = 20.0,
+    on_step: Callable[[str], None] | None = None,
+) -> tuple[ClaimPreparer, MpsStep]:
+    """A preparer for the two GPUs above, its MPS step on `api` (call inside a loop)."""
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    (root / "cdi").mkdir(parents=True, exist_ok=True)
+    workloads = LoopWorkloads(api, asyncio.get_running_loop(), NAMESPACE, NODE)
+    options = MpsOptions(DRIVER, IMAGE, ready_timeout, shares)
+    driver = nvidia_driver(driver_root)
+    step = MpsStep(
+        options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m",
+        on_step=on_step,
+    )  # fmt: skip
+    devices = {d.name: d for d in (gpu(0), gpu(1))}
+    prep = ClaimPreparer(
+        driver=DRIVER,
+        node_name=NODE,
+        state_dir=root / "state",
+        cdi_root=root / "cdi",
+        claim_edits=lambda devs, claim: driver.claim_edits(devs, Path("/"), claim),
+        fetch_claim=api.get_claim,
+        devices=lambda: devices,
+        on_step=on_step,
+        boot_id=lambda: "boot-1",
+        sharing=shares,
+        on_demand=ClaimSteps([step]),
+        opaque_configs=frozenset({("resource.nvidia.com/v1beta1", "GpuConfig")}),
+    )
+    return prep, step
+
+
+async def _process(root: Path, url: str, action: str, uid: str, kill_at: str) -> dict[str, Any]:
+    def on_step(name: str) -> None:
+        if name == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    api = KubeAPI.from_url(url)
+    driver_root = Path(os.environ["MPS_TEST_DRIVER_ROOT"])
+    prep, _ = preparer(root, api, driver_root, on_step=on_step)
+    await prep.startup()
+    claim = ClaimRef("default", uid, f"claim-{uid[:8]}")
+    if action == "startup":
+        out = {"error": ""}
+    elif action == "prepare":
+        got = await prep.prepare([claim])
+        out = {"error": got[uid].error}
+    else:
+        out = {"error": (await prep.unprepare([claim]))[uid]}
+    await api.close()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    root, url, action, uid = argv[:4]
+    kill_at = argv[4] if len(argv) > 4 else ""
+    print(json.dumps(asyncio.run(_process(Path(root), url, action, uid, kill_at))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,438 @@
+"""MPS for NVIDIA claims through the claim passes, the plugin's API client and a fake API
+server over HTTP: the control daemon's Deployment is run by the tests' node (a local
+process running the Deployment's own script with the `nvidia-cuda-mps-control` stand-in),
+so prepare waits for a daemon that really started and took its limits; compute mode, tmpfs
+and commands are stand-ins that keep state across processes (fakes/mps_node.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_plugin.kubeapi import KubeAPI
+from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.nvidia import mpsdaemon
+from fakes.apiserver import FakeAPIServer
+from fakes.mps_harness import GIB, GPUS, NAMESPACE, NODE, claim_obj, mps_config, preparer, ref
+from fakes.mps_node import MpsNode, MpsWorld, make_world
+
+UUID0, UUID1 = list(GPUS)
+UID1 = "11111111-0000-4000-8000-000000000001"
+UID2 = "22222222-0000-4000-8000-000000000002"
+SHARE1 = "aaaaaaaa-0000-4000-8000-00000000000a"
+SHARE2 = "bbbbbbbb-0000-4000-8000-00000000000b"
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MpsWorld]:
+    w = make_world(tmp_path / "node", GPUS)
+    for k, v in w.env.items():
+        monkeypatch.setenv(k, v)
+    yield w
+
+
+@pytest.fixture
+def server() -> Iterator[FakeAPIServer]:
+    with FakeAPIServer() as s:
+        yield s
+
+
+def deployments(server: FakeAPIServer) -> dict[str, Any]:
+    with server.lock:
+        return {name: d for (_, name), d in server.objects.deployments.items()}
+
+
+def spec_of(root: Path, uid: str) -> dict[str, Any]:
+    (path,) = (root / "cdi").glob(f"*claim_{uid}.json")
+    got: dict[str, Any] = json.loads(path.read_text())
+    return got
+
+
+def ask(pipe: Path, command: str, world: MpsWorld) -> subprocess.CompletedProcess[str]:
+    """A client of the daemon, as a claim's container would reach it (the pipe dir)."""
+    env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "PYTHONPATH": str(Path.cwd())}
+    return subprocess.run(
+        [str(world.driver_root / "usr/bin/nvidia-cuda-mps-control")],
+        input=command + "\n", capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+
+
+def nothing_left(root: Path, server: FakeAPIServer, world: MpsWorld) -> None:
+    assert deployments(server) == {}
+    assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
+    assert world.mounted() == []
+    assert not any((root / "state" / "mps").glob("*"))
+
+
+def test_claim_with_mps_config_gets_its_daemon_ready_and_everything_goes_at_unprepare(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    claim = server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=50, pinned=GIB)))
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        with MpsNode(server, NODE, world) as node:
+            got = await prep.prepare([ref(claim)])
+            assert got[UID1].error == "", got[UID1].error
+            (name,) = deployments(server)
+            dep = deployments(server)[name]
+            assert dep["metadata"]["namespace"] == NAMESPACE
+            pod = dep["spec"]["template"]["spec"]
+            assert pod["nodeName"] == NODE
+            assert pod["containers"][0]["env"][1] == {
+                "name": "CUDA_VISIBLE_DEVICES",
+                "value": UUID0,
+            }
+            assert node.running() == [name]
+            # The daemon took the config's limits, in the order the script sends them.
+            sent = [c["command"] for c in world.mps_commands()]
+            assert sent == [
+                "<start>",
+                "set_default_active_thread_percentage 50",
+                f"set_default_device_pinned_mem_limit {UUID0} 1024M",
+            ]
+            assert world.modes() == {UUID0: "EXCLUSIVE_PROCESS", UUID1: "DEFAULT"}
+            home = tmp_path / "state" / "mps" / f"claim-{UID1}"
+            assert world.mounted() == [str(home / "shm")]
+            # The claim's containers get the pipe dir, the shm and the variable naming it.
+            edits = spec_of(tmp_path, UID1)["containerEdits"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+            mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+            assert mounts["/tmp/nvidia-mps"] == str(home / "pipe")
+            assert mounts["/dev/shm"] == str(home / "shm")
+            # A client through that pipe dir reaches the daemon with the claim's limit.
+            assert (
+                ask(home / "pipe", "get_default_active_thread_percentage", world).stdout == "50\n"
+            )
+            # A second prepare (the kubelet retrying) makes nothing new.
+            again = await prep.prepare([ref(claim)])
+            assert again[UID1].error == ""
+            assert len(node.started) == 1
+
+            assert await prep.unprepare([ref(claim)]) == {UID1: ""}
+            nothing_left(tmp_path, server, world)
+            assert ask(home / "pipe", "get_server_list", world).returncode != 0
+        await api.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        (mps_config(pinned=64 * GIB), "above the memory"),  # the GPU has 40 GiB
+        (mps_config(threads=0), "not in 1..100"),
+    ],
+)
+def test_limit_the_daemon_refuses_fails_the_claim_and_leaves_nothing(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer, config: dict[str, Any], refused: str
+) -> None:
+    claim = server.add_claim(claim_obj(UID1, ["gpu-0"], config=config))
+
+    async def go() -> str:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        with MpsNode(server, NODE, world):
+            got = await prep.prepare([ref(claim)])
+        await api.close()
+        return got[UID1].error
+
+    error = asyncio.run(go())
+    assert "not ready" in error and "exited" in error, error
+    assert any(refused in c["answer"] for c in world.mps_commands())
+    nothing_left(tmp_path, server, world)
+    assert not list((tmp_path / "cdi").glob("*claim_*.json"))
+
+
+def test_daemon_never_ready_times_out_as_the_claims_error(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    claim = server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=30)))
+
+    async def go() -> str:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, ready_timeout=1.5)
+        await prep.startup()
+        with MpsNode(server, NODE, world, run=False):  # a kubelet that starts nothing
+            got = await prep.prepare([ref(claim)])
+        await api.close()
+        return got[UID1].error
+
+    error = asyncio.run(go())
+    assert "not ready after 1.5 s" in error, error
+    nothing_left(tmp_path, server, world)
+
+
+def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    sharing = Sharing(shares=8, memory=True)
+    first = server.add_claim(
+        claim_obj(UID1, ["gpu-0"], share_ids={"gpu-0": SHARE1},
+                  consumed={"gpu-0": {"shares": "2", "memory": "8Gi"}})
+    )  # fmt: skip
+    second = server.add_claim(
+        claim_obj(UID2, ["gpu-0"], share_ids={"gpu-0": SHARE2}, consumed={"gpu-0": {"shares": "1"}})
+    )
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, shares=sharing)
+        await prep.startup()
+        with MpsNode(server, NODE, world) as node:
+            got = await prep.prepare([ref(first), ref(second)])
+            assert {u: r.error for u, r in got.items()} == {UID1: "", UID2: ""}
+            assert len(deployments(server)) == 1 and len(node.started) == 1
+            env1 = spec_of(tmp_path, UID1)["containerEdits"]["env"]
+            env2 = spec_of(tmp_path, UID2)["containerEdits"]["env"]
+            # 2 of 8 shares with 8 GiB booked; 1 of 8 shares, memory 1/8 of 40 GiB.
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=12" in env2
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M" in env2
+            pipe = tmp_path / "state" / "mps" / "device-gpu-0" / "pipe"
+            assert f"CUDA_MPS_PIPE_DIRECTORY={mpsdaemon.CLIENT_PIPE_DIR}" in env1
+            mounts = spec_of(tmp_path, UID2)["containerEdits"]["mounts"]
+            assert str(pipe) in [m["hostPath"] for m in mounts]
+            assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
+            # A lost spec is written again from the record (no API read, no consumed
+            # capacity there): the share keeps its own limits.
+            next((tmp_path / "cdi").glob(f"*claim_{UID1}.json")).unlink()
+            again = await prep.prepare([ref(first)])
+            assert again[UID1].error == ""
+            env1 = spec_of(tmp_path, UID1)["containerEdits"]["env"]
+            assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
+            assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
+
+            assert await prep.unprepare([ref(first)]) == {UID1: ""}
+            assert len(deployments(server)) == 1  # the second share still uses it
+            assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
+            assert await prep.unprepare([ref(second)]) == {UID2: ""}
+            nothing_left(tmp_path, server, world)
+        await api.close()
+
+    asyncio.run(go())
+
+
+def test_a_claim_holding_shares_of_two_gpus_is_refused_under_mps(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    claim = server.add_claim(
+        claim_obj(UID1, ["gpu-0", "gpu-1"], share_ids={"gpu-0": SHARE1, "gpu-1": SHARE2})
+    )
+
+    async def go() -> str:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, shares=Sharing(shares=4))
+        await prep.startup()
+        got = await prep.prepare([ref(claim)])
+        await api.close()
+        return got[UID1].error
+
+    assert "share of one GPU only" in asyncio.run(go())
+    nothing_left(tmp_path, server, world)
+
+
+# --- kill -9 at every step ------------------------------------------------------------------
+
+PREPARE_STEPS = (
+    "claim-started", "mps-recorded", "mps-dirs", "mps-mounted", "mps-exclusive",
+    "mps-created", "mps-ready", "spec-written", "claim-completed",
+)  # fmt: skip
+UNPREPARE_STEPS = ("mps-deleted", "mps-default", "mps-unmounted")
+
+
+def _run(
+    tmp_path: Path, server: FakeAPIServer, world: MpsWorld, action: str, kill: str = ""
+) -> Any:
+    env = {**os.environ, "MPS_TEST_DRIVER_ROOT": str(world.driver_root)}
+    args = [sys.executable, "-m", "fakes.mps_harness", str(tmp_path), server.url, action, UID1]
+    done = subprocess.run(
+        [*args, kill] if kill else args, capture_output=True, text=True, env=env, timeout=120
+    )
+    if kill:
+        assert done.returncode == -9, done.stderr[-2000:]
+        return None
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def held(tmp_path: Path) -> bool:
+    """Whether the record holds the claim as prepared (what the kubelet was told)."""
+    from dra_plugin.checkpoint.checkpoint import Checkpoint
+    from dra_plugin.checkpoint.snapshot import COMPLETED
+
+    state = (
+        Checkpoint(tmp_path / "state", "gpu.nvidia.com", boot_id=lambda: "boot-1").load(dict).state
+    )
+    rec = state.claims.get(UID1)
+    return rec is not None and rec.state == COMPLETED
+
+
+def serving(tmp_path: Path, server: FakeAPIServer, world: MpsWorld) -> None:
+    home = tmp_path / "state" / "mps" / f"claim-{UID1}"
+    assert len(deployments(server)) == 1
+    assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
+    assert world.mounted() == [str(home / "shm")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", PREPARE_STEPS + UNPREPARE_STEPS)
+def test_kill_9_at_each_step_ends_served_or_gone(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer, kill: str
+) -> None:
+    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    with MpsNode(server, NODE, world):
+        if kill in UNPREPARE_STEPS:
+            assert _run(tmp_path, server, world, "prepare") == {"error": ""}
+            _run(tmp_path, server, world, "unprepare", kill)
+        else:
+            _run(tmp_path, server, world, "prepare", kill)
+        # The next process: its start-up settles what the killed one left, then the
+        # kubelet repeats the call it never got an answer to.
+        again = "unprepare" if kill in UNPREPARE_STEPS else "prepare"
+        assert _run(tmp_path, server, world, again) == {"error": ""}
+        if again == "prepare":
+            assert held(tmp_path)
+            serving(tmp_path, server, world)
+            assert _run(tmp_path, server, world, "unprepare") == {"error": ""}
+        assert not held(tmp_path)
+        nothing_left(tmp_path, server, world)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", PREPARE_STEPS)
+def test_kill_9_then_start_up_alone_keeps_a_held_claims_daemon_or_removes_it(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer, kill: str
+) -> None:
+    """No retry from the kubelet: start-up alone ends with the daemon serving a held claim
+    or with nothing left."""
+    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    with MpsNode(server, NODE, world):
+        _run(tmp_path, server, world, "prepare", kill)
+        _run(tmp_path, server, world, "startup")
+        if held(tmp_path):
+            serving(tmp_path, server, world)
+        else:
+            nothing_left(tmp_path, server, world)
+
+
+def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
+    tmp_path: Path, world: MpsWorld
+) -> None:
+    from dra_plugin.findings.findings import Status
+    from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits
+    from dra_plugin.vendors.nvidia.mpsdoctor import check_mps
+    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord
+
+    plugin_dir = tmp_path / "plugin"
+    assert [f.status for f in check_mps(world.driver_root, plugin_dir, frozenset())] == [
+        Status.PASS
+    ]
+    rec = DaemonRecord(f"claim-{UID1}", UID1, "mps-x", (UUID0,), DaemonLimits(), [UID1])
+    (plugin_dir / "mps" / rec.dir).mkdir(parents=True)
+    (plugin_dir / "mps" / rec.dir / "daemon.json").write_bytes(rec.encode())
+    world.set_mode(UUID0, "EXCLUSIVE_PROCESS")  # served by the daemon above
+    world.set_mode(UUID1, "EXCLUSIVE_PROCESS")  # left behind: nothing of ours serves it
+
+    held = check_mps(world.driver_root, plugin_dir, frozenset({UID1}))
+    assert [(f.status, UUID1 in f.found) for f in held] == [(Status.WARN, True)]
+    assert f"nvidia-smi -i {UUID1} -c DEFAULT" in held[0].action
+
+    stale = check_mps(world.driver_root, plugin_dir, frozenset())
+    found = " | ".join(f.found for f in stale)
+    assert all(f.status is Status.WARN for f in stale) and len(stale) == 3
+    assert "mps-x" in found and "serves no claim the plugin holds" in found
+    assert UUID0 in found and UUID1 in found
+
+
+@pytest.mark.slow
+def test_the_claims_record_names_its_daemon_before_anything_is_made(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    """The intent is in the claim's own record (its vendor entry, `started`) before the
+    first directory, mount, compute mode or Deployment: a kill -9 right after finds it."""
+    from dra_plugin.checkpoint.checkpoint import Checkpoint
+
+    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    _run(tmp_path, server, world, "prepare", "mps-dirs")
+    state = Checkpoint(tmp_path / "state", "gpu.nvidia.com", boot_id=lambda: "boot-1").read()
+    assert state is not None
+    rec = state.claims[UID1]
+    assert rec.state != "completed"
+    (dev,) = rec.devices
+    assert dev.vendor is not None and dev.vendor["mps"]["dir"] == f"claim-{UID1}"
+    assert deployments(server) == {} and world.mounted() == []
+    assert world.modes()[UUID0] == "DEFAULT"
+
+
+def test_start_up_deletes_a_daemon_of_this_node_no_record_names_and_keeps_other_nodes(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    from dra_plugin.vendors.nvidia.mpsdaemon import DaemonSpec, deployment
+
+    def orphan(node: str) -> dict[str, Any]:
+        spec = DaemonSpec(
+            key="gpu-0", namespace=NAMESPACE, node=node, driver="gpu.nvidia.com",
+            image="i", driver_root="/", gpus=(UUID0,), pipe_dir="/p", log_dir="/l",
+            shm_dir="/s",
+        )  # fmt: skip
+        return deployment(spec)
+
+    with server.lock:
+        for node in (NODE, "other-node"):
+            obj = orphan(node)
+            server.objects.deployments[(NAMESPACE, obj["metadata"]["name"])] = obj
+    (tmp_path / "state" / "mps").mkdir(parents=True)  # MPS was used here; its record is lost
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        await api.close()
+
+    asyncio.run(go())
+    left = deployments(server)
+    assert [d["spec"]["template"]["spec"]["nodeName"] for d in left.values()] == ["other-node"]
+
+
+def test_nvidias_own_mps_manifest_prepares_without_edits(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    """NVIDIA's quickstart gpu-test-mps.yaml (its claim, unchanged) through the NVIDIA
+    driver's own config decoder: the daemon takes the manifest's limits."""
+    from fakes.nvidia_claims import allocated, manifest_spec
+
+    obj = allocated(1, manifest_spec("gpu-test-mps.yaml"), {"mps-gpu": "gpu-0"})
+    claim = server.add_claim(obj)
+    uid = claim["metadata"]["uid"]
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        with MpsNode(server, NODE, world):
+            got = await prep.prepare([ref(claim)])
+            assert got[uid].error == "", got[uid].error
+            sent = [c["command"] for c in world.mps_commands()]
+            assert sent == [
+                "<start>",
+                "set_default_active_thread_percentage 50",
+                f"set_default_device_pinned_mem_limit {UUID0} 10240M",
+            ]
+            assert await prep.unprepare([ref(claim)]) == {uid: ""}
+            nothing_left(tmp_path, server, world)
+        await api.close()
+
+    asyncio.run(go())
