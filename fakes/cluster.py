@@ -30,7 +30,7 @@ from fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
 from fakes.nvml_lib import build_fake_nvml
 from fakes.simnode import SimNode
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 INTEL = "gpu.intel.com"
 NVIDIA = "gpu.nvidia.com"
 

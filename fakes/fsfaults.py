@@ -31,7 +31,7 @@ from fakes.claim_harness import (
     result,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEVICES = [intel_device(i) for i in range(20)]
 API = FakeApi([claim(i, [result(DEVICES[i].name)]) for i in range(20)])
 

@@ -37,7 +37,7 @@ from fakes import amdcaptures, amdsim
 from fakes.amdsim import AmdBoard
 from fakes.gpusysfs import telemetry_path, write_telemetry
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
 
 
