@@ -23,9 +23,9 @@ from dra_plugin.kubeapi import ForbiddenError, InvalidError, KubeAPI, Obj, Timeo
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from fakes.claim_harness import intel_device
+from fakes.judges.apiserver import ApiServer
 from fakes.waits import async_wait_for
 from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
-from tests.judges.apiserver import ApiServer
 from tests.judges.chart_identity import PluginAccess
 
 # The first judge test of a session may build the judges (a rebuild after a change to

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from tests.judges import build
+from fakes.judges import build
 
 Obj = dict[str, Any]
 START_TIMEOUT_S = 300.0  # a loaded 2-core CI machine: etcd, then every API group's storage
