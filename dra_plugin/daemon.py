@@ -120,8 +120,8 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
     after_step("bind")
 
-    # 2. Discovery, logged once per vendor; what a driver makes on demand (its own record
-    #    read first, so discovery knows the instances it made).
+    # 2. Discovery, logged once per vendor; what a driver makes on demand is bound first
+    #    (discovery asks it which devices it made).
     boot_id = read_boot_id()
     for d in drivers:
         d.on_demand = d.bound.on_demand(cfg.plugin_dir(d.name), boot_id, cfg.host_root)
@@ -146,6 +146,10 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     activity = PrepareActivity()
     for d in drivers:
         await _claims(cfg, d, node, api, activity, stack)
+    if any(d.on_demand is not None for d in drivers):
+        # The record told the drivers what they made (OnDemand.reconcile): discovery
+        # again, so nothing made for a held claim is first published as someone else's.
+        inv = await asyncio.to_thread(inventory.discover, cfg)
     node.set_discovered(inv)
     after_step("claims")
 
@@ -264,7 +268,12 @@ async def _claims(
     )
     await d.preparer.startup()
     d.reporter = ClaimStatusReporter(
-        d.preparer, driver=d.name, api=api, devices=devices, activity=activity
+        d.preparer,
+        driver=d.name,
+        api=api,
+        devices=devices,
+        activity=activity,
+        share_condition=d.bound.share_condition,
     )
     stack.push_async_callback(d.reporter.close)
 

@@ -8,8 +8,11 @@ it consumed (`consumedCapacity`); the kubelet passes the shareID back in prepare
 Other capacities of a shared device need a request policy too: without one, a claim that
 does not mention a capacity consumes all of it, so the second share would never fit.
 `memory` (where a vendor publishes it) therefore becomes consumable with a default of memory/N per
-claim when asked for, and is left out otherwise. Nothing here enforces memory or compute
-limits on the GPU: the scheduler only keeps the books.
+claim when asked for, and is left out otherwise. A vendor that can hold a share to a part
+of a whole-number capacity (compute units, through a mask its runtime honours) names it in
+`divided`: consumable in steps of 1 with a default of value/N, so the scheduler never
+books more of it than the GPU has. Nothing here enforces a limit on the GPU: the scheduler
+only keeps the books, and a vendor that enforces one does so at prepare (docs/sharing.md).
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ Obj = dict[str, Any]
 
 @dataclass(frozen=True)
 class Sharing:
-    """How one driver shares its devices: N shares each, memory booked or not."""
+    """How one driver shares its devices: N shares each, memory booked or not, and the
+    whole-number capacities each share books a part of (`divided`)."""
 
     shares: int = DEFAULT_SHARES
     memory: bool = False
+    divided: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.shares <= MAX_SHARES:
@@ -73,6 +78,16 @@ def shared_capacity(capacity: Mapping[str, int], sharing: Sharing) -> Obj:
                         "min": canonical_quantity(MEMORY_STEP),
                         "step": canonical_quantity(MEMORY_STEP),
                     },
+                },
+            }
+    for name in sharing.divided:
+        units = capacity.get(name)
+        if units and units >= max(n, 2):  # one unit a share by default; min+step fits
+            out[name] = {
+                "value": str(units),
+                "requestPolicy": {
+                    "default": str(units // n),
+                    "validRange": {"min": "1", "max": str(units), "step": "1"},
                 },
             }
     return out

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 PREPARE_STEPS = (
-    "claim-started", "mig-intent", "gi-created", "ci-created", "mig-recorded",
-    "spec-written", "claim-completed",
+    "claim-started", "mig-intent", "gi-created", "ci-created", "spec-written",
+    "claim-completed",
 )  # fmt: skip
 UNPREPARE_STEPS = (
     "claim-unpreparing", "spec-removed", "ci-destroyed", "gi-destroyed", "claim-dropped",
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
         after_start = {
             "live": live(),
             "spec": bool(list((root / "cdi").glob("*.json"))),
-            "book": sorted(node.maker.book.entries),
+            "ours": sorted(node.maker.owned),  # what the record says was made
         }
         if call == "prepare":
             got = asyncio.run(node.preparer.prepare([claim]))[claim.uid].error

@@ -62,6 +62,9 @@ class MigNode:
         self.root = root
         self.devices: dict[str, Device] = {}
         self.rescan()
+        # As in the daemon: what the maker changes (and learns from the record at start-up)
+        # is followed by discovery.
+        self.maker.changed = self.rescan
         self.preparer = ClaimPreparer(
             driver=DRIVER,
             node_name=NODE,

@@ -146,13 +146,19 @@ CARDS: dict[str, SimCard] = {
         SimCard(
             "amd", "0000:09:00.0", "0x744c", "amdgpu", vendor_id="0x1002",
             bridges=("0000:00:07.0",), card=8, link=_GEN4_X16,
-            amd=AmdBoard("0xc8", 24 * GiB, simd_count=192, simd_per_cu=2),
+            amd=AmdBoard(
+                "0xc8", 24 * GiB, simd_count=192, simd_per_cu=2,
+                kfd_props=(("gfx_target_version", 110000),),  # gfx1100: CUs in WGP pairs
+            ),
         ),
         # Ryzen 7040 (Phoenix) iGPU, Radeon 780M: 512 MiB UMA carve-out.
         SimCard(
             "amd-apu", "0000:c1:00.0", "0x15bf", "amdgpu", vendor_id="0x1002",
             bridges=("0000:00:08.1",), card=9, link=_GEN4_X16,
-            amd=AmdBoard("0xc1", 512 << 20, simd_count=24, simd_per_cu=2),
+            amd=AmdBoard(
+                "0xc1", 512 << 20, simd_count=24, simd_per_cu=2,
+                kfd_props=(("gfx_target_version", 110003),),  # gfx1103
+            ),
         ),
         # Instinct MI300X OAM (a processing accelerator, class 0x12) in CPX/NPS4: eight
         # partitions, seven of them on amdgpu_xcp platform devices; RAS counters present.
@@ -165,6 +171,7 @@ CARDS: dict[str, SimCard] = {
                 product_name="AMD Instinct MI300X OAM",
                 partitions=("CPX", "SPX, DPX, QPX, CPX", "NPS4", "NPS1, NPS4", 8),
                 ras={"umc": (0, 0), "gfx": (0, 0), "sdma": (0, 0)},
+                kfd_props=(("gfx_target_version", 90402),),  # gfx942: CUs one by one
             ),
         ),
     )

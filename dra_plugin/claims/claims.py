@@ -119,7 +119,10 @@ class ClaimPreparer:
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         # Devices made at prepare, destroyed at unprepare (MIG instances made on demand).
-        self._made = MadeDevices(on_demand, self._render, self._metadata, self._contexts)
+        self._made = MadeDevices(
+            on_demand, self._render, self._metadata, self._contexts,
+            lambda rec: self._checkpoint.put([rec], durable=False), cdi_root,
+        )  # fmt: skip
         self._writer = SpecWriter(
             self._checkpoint,
             cdi_root,

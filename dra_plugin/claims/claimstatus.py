@@ -4,7 +4,10 @@
 servicers cannot tell the difference). After a prepare has answered, it writes one
 `status.devices` entry per prepared device of ours: driver, pool, device, shareID where
 set, a `Ready` condition, and `data` with the device's identity (PCI bus ID, UUID,
-model), so `kubectl get resourceclaim -o yaml` shows which GPU a pod got.
+model), so `kubectl get resourceclaim -o yaml` shows which GPU a pod got. A share of a
+device also gets a `ShareLimits` condition where its vendor says whether anything on the
+node holds it to what it consumed (vendors.base.Driver.share_condition): an accounting-only
+share is said to be one, not left silent.
 
 The write runs in the background, when no prepare is running (see PrepareActivity), and
 never changes the kubelet's answer: a failure
@@ -30,13 +33,20 @@ from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice, Pre
 from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
 from dra_plugin.telemetry import metrics
+from dra_plugin.vendors.claimcontext import ShareCondition, VendorEntry
 
 log = logging.getLogger(__name__)
 QUIET_SECONDS = 0.05  # how long no prepare must run before status writes start
 
 WRITE_CONCURRENCY = 2  # each write holds a worker thread; prepare needs them more
 READY_REASON = "Prepared"
+SHARE_LIMITS = "ShareLimits"  # the condition a share gets: its consumed capacity enforced?
 Entry = dict[str, Any]
+ShareConditions = Callable[[Device, VendorEntry | None], ShareCondition | None]
+
+
+def _no_share_condition(device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+    return None
 
 
 class StatusAPI(Protocol):
@@ -65,7 +75,11 @@ def device_data(device: Device | None) -> dict[str, str]:
 
 
 def status_entries(
-    driver: str, prepared: Sequence[PreparedDevice], devices: Mapping[str, Device], now: str
+    driver: str,
+    prepared: Sequence[PreparedDevice],
+    devices: Mapping[str, Device],
+    now: str,
+    share_condition: ShareConditions = _no_share_condition,
 ) -> list[Entry]:
     """One entry per prepared (pool, device, shareID), in the order prepared.
 
@@ -89,7 +103,19 @@ def status_entries(
                 "lastTransitionTime": now,
             }
         ]
-        data = device_data(devices.get(d.device_name))
+        device = devices.get(d.device_name)
+        said = share_condition(device, d.vendor) if d.share_id and device is not None else None
+        if said is not None:
+            entry["conditions"].append(
+                {
+                    "type": SHARE_LIMITS,
+                    "status": "True" if said.enforced else "False",
+                    "reason": said.reason,
+                    "message": said.message,
+                    "lastTransitionTime": now,
+                }
+            )
+        data = device_data(device)
         if data:
             entry["data"] = data
         out[key] = entry
@@ -152,6 +178,7 @@ class ClaimStatusReporter:
         activity: PrepareActivity | None = None,
         max_defer: float = 2.0,
         now: Callable[[], str] | None = None,
+        share_condition: ShareConditions = _no_share_condition,
     ) -> None:
         self._inner = inner
         self.driver = driver
@@ -159,6 +186,7 @@ class ClaimStatusReporter:
         self._devices = devices
         self._activity = activity or PrepareActivity()
         self._max_defer = max_defer
+        self._share_condition = share_condition
         self._now = now or (lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         self._gate = asyncio.Semaphore(WRITE_CONCURRENCY)
         self._written: dict[str, list[Entry]] = {}  # uid -> entries (no times) applied
@@ -178,7 +206,9 @@ class ClaimStatusReporter:
             res = results.get(ref.uid)
             if res is None or res.error or not res.devices:
                 continue
-            entries = status_entries(self.driver, res.devices, devices, self._now())
+            entries = status_entries(
+                self.driver, res.devices, devices, self._now(), self._share_condition
+            )
             if self._written.get(ref.uid) == _without_times(entries):
                 continue
             self._pending[ref.uid] = (ref, entries)

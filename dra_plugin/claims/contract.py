@@ -8,13 +8,14 @@ failure of the whole call raises.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.claims import devicemetadata
 from dra_plugin.devices import is_dns_label, is_dns_subdomain
+from dra_plugin.vendors.claimcontext import VendorEntry
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class PreparedDevice:
     device_name: str
     cdi_device_ids: tuple[str, ...]
     share_id: str | None = None
+    # What the vendor recorded for it (the claim status's share condition reads it).
+    vendor: VendorEntry | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ def prepared_result(rec: ClaimRecord) -> PrepareResult:
     )
     return PrepareResult(
         devices=tuple(
-            PreparedDevice(d.request_names, d.pool, d.device, i, d.share_id)
+            PreparedDevice(d.request_names, d.pool, d.device, i, d.share_id, d.vendor)
             for d, i in zip(rec.devices, ids, strict=True)
         )
     )

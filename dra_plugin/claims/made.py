@@ -2,32 +2,39 @@
 passes see them: made after the claim's `started` entry, found again on a re-prepare,
 destroyed when the claim is unprepared or its half-done prepare is undone, and reconciled
 with the record at start-up. The vendor sees the claim's context (claims/context.py) and
-what it made is recorded in the devices' vendor entries."""
+what it made is recorded in the devices' vendor entries: with `completed`, or at once
+where make and reconcile call `ClaimContext.record` (the intent of a partition before the
+GPU changes; what an older version kept elsewhere)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
-from dra_plugin.checkpoint.snapshot import ClaimRecord, State
+from dra_plugin.checkpoint import specrecord
+from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
 from dra_plugin.claims import context
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
+from dra_plugin.host.files import atomic_write, kind
 from dra_plugin.vendors.base import Made, OnDemand
-from dra_plugin.vendors.claimcontext import ClaimContext
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
+log = logging.getLogger(__name__)
 Render = Callable[[ClaimRecord, Sequence[Device]], tuple[ClaimRecord, cdi.RenderedSpec]]
 
 
-def with_vendor(rec: ClaimRecord, made: Made) -> ClaimRecord:
+def with_vendor(rec: ClaimRecord, made: Made | Mapping[str, VendorEntry]) -> ClaimRecord:
     """`rec` with the vendor entries `made` returned (a device not named keeps its own)."""
-    if not made.vendor:
+    entries = made.vendor if isinstance(made, Made) else made
+    if not entries:
         return rec
     devs = tuple(
-        replace(d, vendor=made.vendor[d.device]) if d.device in made.vendor else d
-        for d in rec.devices
+        replace(d, vendor=entries[d.device]) if d.device in entries else d for d in rec.devices
     )
     return replace(rec, devices=devs)
 
@@ -39,11 +46,49 @@ class MadeDevices:
         render: Render,
         metadata: MetadataFiles,
         claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
+        record: Callable[[ClaimRecord], None] | None = None,
+        cdi_root: Path | None = None,
     ):
         self.on_demand = on_demand
         self._render = render
         self._metadata = metadata
         self._claim = claim  # the context the vendor sees for a record
+        self._record = record  # writes a claim's record now (not fsync'd)
+        self._cdi_root = cdi_root  # where the spec records of `reconcile`'s writes are
+
+    def _recording(
+        self, ctx: ClaimContext, rec: ClaimRecord, *, spec_record: bool = False
+    ) -> ClaimContext:
+        """`ctx` whose `record` writes the vendor entries into `rec` as it stands, entry
+        after entry (each write keeps the entries written before it). `spec_record`: the
+        spec record beside the claim's spec is written too, for a claim whose spec is not
+        rendered again in this pass (start-up), so the two still agree."""
+        if self._record is None:
+            return ctx
+        write = self._record
+        current = [rec]
+
+        def record(entries: Mapping[str, VendorEntry]) -> None:
+            changed = with_vendor(current[0], entries)
+            write(changed)
+            current[0] = changed
+            if spec_record:
+                self._write_spec_record(changed)
+
+        return replace(ctx, recorder=record)
+
+    def _write_spec_record(self, rec: ClaimRecord) -> None:
+        """The spec record beside a prepared claim's spec, as the record now says (a spec
+        gone or not ours is left to the re-prepare: rebuild.unproven sees it)."""
+        if self._cdi_root is None or rec.state != COMPLETED or not rec.spec_file:
+            return
+        if kind(self._cdi_root / rec.spec_file) != "file":
+            return
+        path = self._cdi_root / cdi.record_file_name(rec.spec_file)
+        try:
+            atomic_write(path, specrecord.encode(rec).encode(), cdi.SPEC_MODE, durable=False)
+        except OSError as exc:  # the record has it; its re-prepare reads it from the API
+            log.warning("cannot update spec record %s: %s", path, exc)
 
     def made(
         self, rec: ClaimRecord, rendered: cdi.RenderedSpec, devices: Mapping[str, Device]
@@ -54,7 +99,7 @@ class MadeDevices:
         chosen = list({d.device: devices[d.device] for d in rec.devices}.values())
         if self.on_demand is None:
             return rec, rendered
-        made = self.on_demand.make(self._claim(rec), chosen)
+        made = self.on_demand.make(self._recording(self._claim(rec), rec), chosen)
         if made.devices == chosen and not made.vendor:
             return rec, rendered
         return self._render(with_vendor(rec, made), made.devices)
@@ -66,7 +111,7 @@ class MadeDevices:
         reboot) first."""
         if self.on_demand is not None:
             made = self.on_demand.make(
-                self._claim(rec), list({d.name: d for d in devices}.values())
+                self._recording(self._claim(rec), rec), list({d.name: d for d in devices}.values())
             )
             rec, devices = with_vendor(rec, made), made.devices
         return self._render(rec, devices)
@@ -91,8 +136,12 @@ class MadeDevices:
         self.release(None, rec)
 
     def reconcile(self, state: State) -> None:
-        """Start-up: instances made for claims the settled record no longer holds go."""
+        """Start-up: instances made for claims the settled record no longer holds go (the
+        vendor may record entries for the held ones: what an older version kept elsewhere)."""
         if self.on_demand is not None:
             self.on_demand.reconcile(
-                {uid: context.from_record(rec) for uid, rec in state.claims.items()}
+                {
+                    uid: self._recording(context.from_record(rec), rec, spec_record=True)
+                    for uid, rec in state.claims.items()
+                }
             )

@@ -41,7 +41,7 @@ from dra_plugin.options import (
 )
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
 from dra_plugin.telemetry.catalogue import Reading
-from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 
 
 class VendorSettings(Protocol):
@@ -132,7 +132,9 @@ class OnDemand(Protocol):
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         """`devices` as the claim gets them: those made on demand are made now (or found,
         made earlier for this claim) and come back with their nodes and IDs; the others
-        unchanged. On failure undoes what this call made and raises MakeError."""
+        unchanged. What must be on disk before the hardware changes (where the device
+        will be made) goes into the claim's record first, with `claim.record`. On
+        failure undoes what this call made and raises MakeError."""
         ...
 
     def release(self, claim: ClaimContext) -> None:
@@ -142,7 +144,8 @@ class OnDemand(Protocol):
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         """At start-up, with the record settled: destroy what was made for claims not in
-        `held` (claim uid -> the claim as recorded), keep what held claims use."""
+        `held` (claim uid -> the claim as recorded), keep what held claims use (their
+        `record` moves into the record what an older version kept elsewhere)."""
         ...
 
 
@@ -278,6 +281,9 @@ class Driver(ABC):
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         """This driver's node checks."""
         return []
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        return None  # what a share of `device` (its vendor entry) is told in its claim status
 
     def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
         """What makes this driver's devices on demand, keeping its own record in

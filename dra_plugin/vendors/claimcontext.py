@@ -10,18 +10,28 @@ without the API keeps what it needs in its vendor entry.
 A vendor entry is the vendor's own, versioned, per device: a JSON object with an integer
 `"v"` (the vendor's format version) and whatever else it needs (JSON scalars, lists,
 objects). The core stores it in the record (journal, snapshot, the spec record beside
-each spec) and hands it back; it never reads inside it.
+each spec) and hands it back; it never reads inside it. The entries `OnDemand.make`
+returns are written with the claim's `completed` entry; a vendor that must have an entry
+on disk before it changes the hardware (the intent before a partition is made), or
+that moves what an older version kept elsewhere into the record, writes it at once with
+`ClaimContext.record`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 # A vendor's entry for one device: {"v": <int >= 1>, ...} (JSON), opaque to the core.
 VendorEntry = Mapping[str, Any]
+# Writes whole vendor entries (device name -> entry) into the claim's record now.
+Recorder = Callable[[Mapping[str, VendorEntry]], None]
+
+
+class NotRecordable(Exception):
+    """`ClaimContext.record` was called on a context that has no record to write to."""
 
 
 def valid_vendor_entry(value: object) -> bool:
@@ -92,6 +102,9 @@ class ClaimContext:
     devices: tuple[AllocatedDevice, ...] = ()
     configs: tuple[OpaqueConfig, ...] = ()
     from_record: bool = False
+    # Set by the claim passes where the hook may write its entries at once (make,
+    # reconcile); None elsewhere (release: the claim is about to leave the record).
+    recorder: Recorder | None = field(default=None, compare=False, repr=False)
 
     def configs_for(self, request: str) -> tuple[OpaqueConfig, ...]:
         """The configs that apply to `request`, lowest precedence first (the last wins)."""
@@ -107,7 +120,27 @@ class ClaimContext:
         )
         return replace(self, devices=devs)
 
+    def record(self, entries: Mapping[str, VendorEntry]) -> None:
+        """Write `entries` (device name -> this vendor's whole entry for it; a device not
+        named keeps its own) into the claim's record now, in the state the claim is in, not
+        fsync'd (as a `started` entry is not): a process crash keeps it. For what must be
+        on disk before the vendor changes the hardware, so a crash before the claim's next
+        entry still finds it. Raises OSError when the record cannot be written, and
+        NotRecordable on a context without a record to write to."""
+        if self.recorder is None:
+            raise NotRecordable(f"{self}: no record to write vendor entries to here")
+        self.recorder(entries)
+
     def __str__(self) -> str:
         if not self.namespace and not self.name:
             return f"claim uid {self.uid}"
         return f"claim {self.namespace}/{self.name} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class ShareCondition:
+    """A share's `ShareLimits` status condition: is it held to what it consumed, how."""
+
+    enforced: bool
+    reason: str  # CamelCase, as condition reasons are
+    message: str

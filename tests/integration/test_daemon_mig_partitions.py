@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from dra_plugin.vendors.nvidia.ondemand import BOOK
+from dra_plugin.checkpoint.checkpoint import Checkpoint
+from dra_plugin.vendors.nvidia.migbook import BOOK
 from fakes.cluster import NVIDIA, Cluster
 from fakes.judges import build
 from fakes.migworld import stand_in_env
@@ -101,7 +102,13 @@ def test_counters_published_and_instance_made_and_destroyed_by_kubelet_calls(
             spec.read_text().count("/dev/nvidia-caps/nvidia-cap") == 2
             for spec in cluster.cdi.glob("*-claim_*.json")
         )
-        assert (cluster.plugins / NVIDIA / BOOK).is_file()
+        # What was made is in the claims' record (the devices' vendor entries) alone.
+        state = Checkpoint(cluster.plugins / NVIDIA, NVIDIA).read()
+        assert state is not None
+        entries = [d.vendor["mig"] for r in state.claims.values() for d in r.devices if d.vendor]
+        assert sorted((e["start"], e["size"]) for e in entries) == [(0, 4), (4, 4)]
+        assert all(e["uuid"] and e["gi"] is not None for e in entries)
+        assert not (cluster.plugins / NVIDIA / BOOK).exists()
         # Published as before: the allocation already counts its slices.
         assert cluster.published(NVIDIA) == sorted(devices)
         for ref in pods:
@@ -127,5 +134,35 @@ def test_gate_off_publishes_no_placement_and_says_so_once(cluster: Cluster) -> N
     plugin = cluster.kubelet().wait_for(NVIDIA)
     err = plugin.prepare([claim]).claims[claim.uid].error
     assert PLACEMENT in err and "not" in err, err
+    assert instances(cluster) == []
+    assert daemon.terminate() == 0
+
+
+def test_a_restart_publishes_a_held_instance_as_the_placement_it_was_made_at(
+    cluster: Cluster,
+) -> None:
+    """The record says which instances were made for held claims; discovery is asked again
+    once the record is read, so the restarted daemon publishes the held placement as it
+    was (consuming its counters), not as an administrator's static MIG device."""
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("placements published", lambda: PLACEMENT in cluster.pool_complete(NVIDIA))
+    claim = cluster.add_claim("mig", NVIDIA, PLACEMENT)
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    assert plugin.prepare([claim]).claims[claim.uid].error == ""
+    assert len(instances(cluster)) == 1
+    assert daemon.terminate() == 0
+    cluster.api.delete_all_slices()  # so the restarted daemon's first slices are seen
+    daemon = cluster.start_daemon(env=env(cluster))
+    daemon.wait_ready([NVIDIA])
+    cluster.wait_for("slices published again", lambda: cluster.pool_complete(NVIDIA))
+    held = [
+        d for s in cluster.slices(NVIDIA) for d in s["spec"].get("devices") or []
+        if d["name"] == PLACEMENT
+    ]  # fmt: skip
+    assert len(held) == 1 and held[0].get("consumesCounters"), held
+    assert len(instances(cluster)) == 1
+    plugin = cluster.kubelet().wait_for(NVIDIA)
+    assert plugin.unprepare([claim]).claims[claim.uid].error == ""
     assert instances(cluster) == []
     assert daemon.terminate() == 0

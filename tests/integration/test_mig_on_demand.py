@@ -2,27 +2,30 @@
 ClaimPreparer and the NVML stand-in (which applies the GPU's rules): prepare makes the
 instance at the allocated placement, the CDI spec carries its capability nodes and MIG
 UUID, unprepare destroys it; a placement the GPU refuses is that claim's error; an
-administrator's instances are published as they are and never touched."""
+administrator's instances are published as they are and never touched. What was made is
+kept in the claim's record (the "mig" key of the device's vendor entry), nowhere else."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
-import re
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.devices import Health
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.telemetry.catalogue import XID_ERRORS, Reading
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
+from dra_plugin.vendors.nvidia.migbook import BOOK
 from dra_plugin.vendors.nvidia.nvml.library import session
-from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
+from dra_plugin.vendors.nvidia.nvml.miginstances import destroy, gpu_instances
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from fakes.claim_harness import NODE, FakeApi, ref
 from fakes.judges import build
@@ -54,6 +57,18 @@ def live(fake: FakeNvml, gpu: int = 0) -> list[tuple[int, int, int, tuple[int, .
         return sorted((g.profile_id, g.start, g.size, g.compute) for g in gpu_instances(h, ids))
 
 
+def recorded(node: MigNode) -> dict[str, dict[str, Any] | None]:
+    """claim uid -> the "mig" entry its record keeps for its (one) device, read from the
+    record's files as a new process would."""
+    state = Checkpoint(node.root / "state", DRIVER).read()
+    assert state is not None
+    out: dict[str, dict[str, Any] | None] = {}
+    for uid, rec in state.claims.items():
+        (d,) = rec.devices
+        out[uid] = None if d.vendor is None else d.vendor.get("mig")
+    return out
+
+
 def placements(node: MigNode) -> list[str]:
     return sorted(n for n, d in node.devices.items() if d.consumes)
 
@@ -66,6 +81,14 @@ def prepare(node: MigNode, api: FakeApi, obj: dict[str, Any]) -> str:
 
 def unprepare(node: MigNode, obj: dict[str, Any]) -> str:
     return asyncio.run(node.preparer.unprepare([ref(obj)]))[obj["metadata"]["uid"]]
+
+
+def made_ids(fake: FakeNvml, gpu: int) -> int:
+    """The id of the one GPU instance on GPU `gpu`."""
+    with session(fake.driver_root):
+        h = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+        (g,) = gpu_instances(h, range(0, 40))
+        return g.id
 
 
 @pytest.fixture
@@ -98,15 +121,18 @@ def test_every_placement_is_made_on_prepare_and_destroyed_on_unprepare(
         spec = json.loads(next((node.root / "cdi").glob("*.json")).read_text())
         paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
         assert sum(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths) == 2, paths
-        book = json.loads((node.root / "state/mig-instances.json").read_text())
-        (entry,) = book["instances"]
-        assert entry["device"] == name and entry["uuid"].startswith("MIG-")
+        ((uid, entry),) = recorded(node).items()
+        assert uid == obj["metadata"]["uid"] and entry is not None
+        assert entry["uuid"].startswith("MIG-") and entry["boot"] == "boot-1"
+        assert [entry["profile"], entry["start"], entry["size"]] == [int(x) for x in target[2:5]]
+        assert (entry["gi"], entry["ci"]) == (made_ids(fake, gpu), 0)
         # Discovery follows: the placement device now carries its instance's UUID.
         assert node.rescan()[name].uuid == entry["uuid"]
         assert unprepare(node, obj) == ""
         assert live(fake, gpu) == [], name
-        assert json.loads((node.root / "state/mig-instances.json").read_text())["instances"] == []
+        assert recorded(node) == {}
         assert node.rescan()[name].uuid is None
+        assert not (node.root / "state" / BOOK).exists()  # no second record of it
 
 
 def test_a_placement_the_gpu_refuses_is_that_claims_error(
@@ -122,10 +148,9 @@ def test_a_placement_the_gpu_refuses_is_that_claims_error(
     err = prepare(node, api, placement_claim(2, small))
     assert "gpu-0" in err and "refused profile" in err and "INSUFFICIENT_RESOURCES" in err, err
     assert len(live(fake)) == 1  # nothing half made is left
-    assert (
-        json.loads((node.root / "state/mig-instances.json").read_text())["instances"][0]["device"]
-        == big
-    )
+    # The refused claim left no entry (its intent went with its `started` entry).
+    ((uid, entry),) = recorded(node).items()
+    assert uid == first["metadata"]["uid"] and entry is not None and entry["uuid"]
     assert unprepare(node, first) == ""
     assert live(fake) == []
 
@@ -168,7 +193,7 @@ def test_restart_keeps_the_instance_of_a_prepared_claim_and_reprepare_finds_it(
     obj = placement_claim(1, name)
     assert prepare(node, api, obj) == ""
     before = live(fake)
-    again = MigNode(fake, node.root, api)  # a new process: the book is read again
+    again = MigNode(fake, node.root, api)  # a new process: the record is read again
     asyncio.run(again.preparer.startup())
     assert live(fake) == before
     assert again.devices[name].uuid is not None
@@ -183,7 +208,7 @@ def test_restart_keeps_the_instance_of_a_prepared_claim_and_reprepare_finds_it(
     assert live(fake) == []
 
 
-def test_after_a_reboot_the_book_is_void_and_reprepare_makes_the_instance_again(
+def test_after_a_reboot_the_recorded_instance_is_void_and_reprepare_makes_it_again(
     world: tuple[MigNode, FakeApi], fake: FakeNvml, tmp_path: Path
 ) -> None:
     node, api = world
@@ -191,34 +216,103 @@ def test_after_a_reboot_the_book_is_void_and_reprepare_makes_the_instance_again(
     obj = placement_claim(1, name)
     assert prepare(node, api, obj) == ""
     (tmp_path / "mig-state").unlink()  # a reboot: no instance survives
-    node.maker.book.entries.clear()
     rebooted = MigNode(fake, node.root, api, boot="boot-2")
     asyncio.run(rebooted.preparer.startup())
-    assert rebooted.maker.book.entries == {}
+    assert rebooted.maker.owned == {}  # the record's entry names boot-1: void
+    (old,) = recorded(rebooted).values()
+    assert old is not None and old["boot"] == "boot-1"
+    # An administrator's instance at those slices now is not taken for the old one.
+    assert rebooted.devices[name].consumes and rebooted.devices[name].uuid is None
     assert prepare(rebooted, api, obj) == ""
     assert len(live(fake)) == 1
+    (new,) = recorded(rebooted).values()
+    assert new is not None and new["boot"] == "boot-2" and new["uuid"]
     assert unprepare(rebooted, obj) == ""
     assert live(fake) == []
 
 
-def test_a_damaged_book_is_said_and_its_instances_are_left_alone(
+@pytest.mark.parametrize(
+    "lost",
+    [("checkpoint.json",), ("checkpoint.json", "checkpoint.journal")],
+    ids=["snapshot", "both"],
+)
+def test_a_record_lost_while_stopped_is_rebuilt_with_the_instance_from_the_spec_record(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml, lost: tuple[str, ...]
+) -> None:
+    """The spec record beside the spec keeps the vendor entry: the rebuilt record still
+    names the instance, so it stays the claim's (not an administrator's) and goes with it."""
+    node, api = world
+    name = next(n for n in placements(node) if "-3g" in n)
+    obj = placement_claim(1, name)
+    assert prepare(node, api, obj) == ""
+    before, entry = live(fake), recorded(node)[obj["metadata"]["uid"]]
+    for file in lost:
+        (node.root / "state" / file).unlink()
+    restarted = MigNode(fake, node.root, api)
+    asyncio.run(restarted.preparer.startup())
+    assert live(fake) == before
+    assert recorded(restarted) == {obj["metadata"]["uid"]: entry}
+    assert restarted.devices[name].consumes  # still a placement, carrying its instance
+    assert restarted.devices[name].uuid == entry["uuid"]  # type: ignore[index]
+    assert unprepare(restarted, obj) == ""
+    assert live(fake) == []
+
+
+def test_a_recorded_instance_that_is_gone_is_made_again_after_a_new_intent(
+    world: tuple[MigNode, FakeApi], fake: FakeNvml
+) -> None:
+    node, api = world
+    name = placements(node)[0]
+    obj = placement_claim(1, name)
+    uid = obj["metadata"]["uid"]
+    assert prepare(node, api, obj) == ""
+    with session(fake.driver_root):  # someone destroys it behind the plugin's back
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        (g,) = gpu_instances(h, range(0, 40))
+        destroy(h, g.id)
+    for spec in (node.root / "cdi").glob("*.json"):
+        spec.unlink()  # so the repeated prepare renders, and makes, again
+    intents: list[dict[str, Any] | None] = []
+    node.maker.step = lambda step: (
+        intents.append(recorded(node)[uid]) if step == "mig-intent" else None
+    )
+    assert prepare(node, api, obj) == ""
+    # Before the GPU changed, the record named the placement without the old ids, so a
+    # crash then would have destroyed what was made at it, not looked for the old id.
+    assert [(e or {}).get("gi", "none") for e in intents] == [None]
+    assert len(live(fake)) == 1
+    entry = recorded(node)[uid]
+    assert entry is not None and entry["gi"] == made_ids(fake, 0)
+    assert unprepare(node, obj) == ""
+    assert live(fake) == []
+
+
+def test_a_malformed_entry_is_the_claims_error_and_its_instance_is_left_alone(
     world: tuple[MigNode, FakeApi], fake: FakeNvml, caplog: pytest.LogCaptureFixture
 ) -> None:
     node, api = world
     name = placements(node)[0]
-    assert prepare(node, api, placement_claim(1, name)) == ""
+    obj = placement_claim(1, name)
+    uid = obj["metadata"]["uid"]
+    assert prepare(node, api, obj) == ""
     before = live(fake)
-    (node.root / "state/mig-instances.json").write_text("{not json")
+    other = Checkpoint(node.root / "state", DRIVER)  # a second writer of the same record
+    with other.lock:
+        rec = other.load(dict).state.claims[uid]
+        bad = {"v": 1, "mig": {"gpu": "not-a-gpu"}}
+        other.put([replace(rec, devices=tuple(replace(d, vendor=bad) for d in rec.devices))])
+    # The repeated prepare finds its spec's record saying otherwise, renders and makes
+    # again, and stops at the entry.
+    err = prepare(node, api, obj)
+    assert f"(uid {uid})" in err and f"device {name}" in err and "malformed" in err, err
+    assert live(fake) == before
     restarted = MigNode(fake, node.root, api)
     asyncio.run(restarted.preparer.startup())
-    assert "MIG instance book" in caplog.text and "unusable" in caplog.text
-    aside = [p.name for p in (node.root / "state").glob("mig-instances.json.corrupt-*")]
-    # The one name format of every damaged file of ours (host/files.py move_aside).
-    assert len(aside) == 1 and re.fullmatch(r"mig-instances\.json\.corrupt-\d{8}T\d{6}Z", aside[0])
-    assert live(fake) == before  # not ours any more as far as we can tell: kept
-    # Published as a static MIG device, so nothing else is placed over it.
-    assert not restarted.devices[name].consumes
-    assert restarted.devices[name].uuid is not None
+    assert f"device {name}: its MIG entry in the record is malformed" in caplog.text
+    assert live(fake) == before
+    assert not restarted.devices[name].consumes  # not known to be ours: static, kept
+    assert unprepare(restarted, obj) == ""  # the claim goes; the instance stays
+    assert live(fake) == before
 
 
 def test_health_follows_an_instance_made_on_demand(
@@ -262,54 +356,54 @@ def test_health_follows_an_instance_made_on_demand(
         monitor.join(5)
 
 
-def test_two_plugin_pods_side_by_side_keep_one_book(
+def test_two_plugin_pods_side_by_side_share_one_record(
     world: tuple[MigNode, FakeApi], fake: FakeNvml
 ) -> None:
     """A rolling update: the old and the new pod serve side by side and take turns under
-    the claim lock; neither may write the book from a stale copy."""
+    the claim lock; each destroys only what the record names for the claim it unprepares,
+    also an instance the other pod made."""
     old, api = world
     new = MigNode(fake, old.root, api)
+    asyncio.run(new.preparer.startup())
     first, second = [n for n in placements(old) if "-1g5gb-19-" in n][:2]
     one, two = placement_claim(1, first), placement_claim(2, second)
     assert prepare(old, api, one) == ""
     assert prepare(new, api, two) == ""
-    assert unprepare(old, one) == ""  # the old pod must keep the new pod's entry
-    book = json.loads((old.root / "state/mig-instances.json").read_text())
-    assert [e["device"] for e in book["instances"]] == [second]
-    assert unprepare(new, two) == ""
+    assert len(live(fake)) == 2
+    assert unprepare(old, one) == ""  # the old pod keeps the new pod's instance
+    assert [(g[0], g[1]) for g in live(fake)] == [(19, int(second.rsplit("-", 1)[1]))]
+    assert list(recorded(old)) == [two["metadata"]["uid"]]
+    assert unprepare(old, two) == ""  # the new pod's instance, from the shared record
     assert live(fake) == []
 
 
 @pytest.mark.parametrize(
-    ("damage", "said", "aside"),
+    ("damage", "said"),
     [
-        (Path.unlink, ["was deleted while running"], False),
-        (
-            lambda p: p.write_text("[garbage"),
-            ["unusable", "Written again from what this process knows"],
-            True,
-        ),
+        (lambda state: (state / "checkpoint.json").unlink(), "deleted while the plugin runs"),
+        (lambda state: (state / "checkpoint.journal").write_text("[garbage"), "checkpoint"),
     ],
-    ids=["deleted", "garbage"],
+    ids=["snapshot-deleted", "journal-garbage"],
 )
-def test_a_book_damaged_while_running_is_said_and_what_was_known_stays(
+def test_a_record_damaged_while_running_keeps_what_was_made(
     world: tuple[MigNode, FakeApi],
     fake: FakeNvml,
     caplog: pytest.LogCaptureFixture,
     damage: Callable[[Path], object],
-    said: list[str],
-    aside: bool,
+    said: str,
 ) -> None:
+    """Damage found while running: the record is rebuilt from what the process knew and
+    the spec records, MIG entries included, so both instances still go with their claims."""
     node, api = world
     first, second = [n for n in placements(node) if "-1g5gb-19-" in n][:2]
     one, two = placement_claim(1, first), placement_claim(2, second)
     assert prepare(node, api, one) == ""
-    damage(node.root / "state/mig-instances.json")
+    damage(node.root / "state")
     assert prepare(node, api, two) == ""
-    assert all(text in caplog.text for text in said), caplog.text
-    assert bool(list((node.root / "state").glob("mig-instances.json.corrupt-*"))) == aside
-    book = json.loads((node.root / "state/mig-instances.json").read_text())
-    assert sorted(e["device"] for e in book["instances"]) == sorted([first, second])
+    assert said in caplog.text, caplog.text
+    entries = recorded(node)
+    assert sorted(entries) == sorted(o["metadata"]["uid"] for o in (one, two))
+    assert all(e is not None and e["uuid"] for e in entries.values()), entries
     assert unprepare(node, one) == "" and unprepare(node, two) == ""
     assert live(fake) == []
 

@@ -33,7 +33,7 @@ def check_start(step: str, start: dict[str, Any]) -> None:
     # Either in use by its claim (prepared: its spec is there) or destroyed.
     assert start["live"] in ([], [[9, 4]]), (step, start)
     assert (start["live"] == [[9, 4]]) == start["spec"], (step, start)
-    assert start["book"] == ([TARGET] if start["live"] else []), (step, start)
+    assert start["ours"] == ([TARGET] if start["live"] else []), (step, start)
 
 
 @pytest.mark.parametrize("step", PREPARE_STEPS + UNPREPARE_STEPS)

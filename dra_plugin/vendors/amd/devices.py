@@ -41,6 +41,7 @@ from dra_plugin.devices import (
 from dra_plugin.host.udev import Minors, PciGpu, UdevScan, attr, by_path_nodes, int_attr
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd import kfd
+from dra_plugin.vendors.amd.cumask import GFX_VERSION, KFD_NODE
 from dra_plugin.vendors.amd.ids import AMD
 from dra_plugin.vendors.amd.kfd import KfdNode
 
@@ -209,6 +210,17 @@ def _memory(vram: int | None, part: _Part, plan: Plan) -> int | None:
     return vram // count if vram is not None else None
 
 
+def _kfd_extra(node: KfdNode | None) -> dict[str, str]:
+    """What the compute-unit masks need of a part's KFD node (vendors/amd/cubook.py): its
+    node number (ROCm numbers GPUs in this order) and its gfx target version (WGPs)."""
+    if node is None:
+        return {}
+    out = {KFD_NODE: str(node.node)}
+    if node.gfx_target_version:
+        out[GFX_VERSION] = str(node.gfx_target_version)
+    return out
+
+
 def amd_devices(
     gpu: PciGpu, minors: Minors, driver_name: str, ids: amd_ids.IdsTable, topo: Topology
 ) -> list[Device]:
@@ -282,7 +294,7 @@ def amd_devices(
                 pci_address=gpu.pci_address,
                 health=Health.UNHEALTHY if ras else Health.HEALTHY,
                 health_reason=reason if ras else "",
-                extra={kind: m.node.path for kind, m in minor_list},
+                extra={kind: m.node.path for kind, m in minor_list} | _kfd_extra(part.kfd),
                 shared_nodes=(topo.kfd_node,) if topo.kfd_node is not None else (),
             )
         )

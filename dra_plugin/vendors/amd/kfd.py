@@ -32,6 +32,7 @@ class KfdNode:
     simd_count: int
     simd_per_cu: int
     memory: int | None  # mem_banks/0 size_in_bytes; None when absent or 0
+    gfx_target_version: int = 0  # e.g. 110000 for gfx1100; 0 when the kernel gives none
 
     @property
     def slot(self) -> str:
@@ -94,6 +95,7 @@ def read_topology(kfd_sys_path: str | None) -> dict[int, KfdNode]:
             simd_count=props.get("simd_count", 0),
             simd_per_cu=props.get("simd_per_cu", 0),
             memory=bank.get("size_in_bytes") or None,
+            gfx_target_version=props.get("gfx_target_version", 0),
         )
     return out
 

@@ -1,21 +1,26 @@
 """AMD GPUs (amdgpu) as one vendor of the registry: DRM devices and partitions found
-through udev and the KFD topology, RAS counters watched for health, and with AMD_VFIO
-GPUs bound to vfio-pci for VM passthrough (vfio.py)."""
+through udev and the KFD topology, RAS counters watched for health, with AMD_VFIO
+GPUs bound to vfio-pci for VM passthrough (vfio.py), and shares held to their compute
+units by HSA_CU_MASK (cubook.py)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dra_plugin.cdi.claims import ClaimEdits
 from dra_plugin.devices import Device
 from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
 from dra_plugin.options import Option, Raw, label, number
-from dra_plugin.vendors.amd import devices, vfio
+from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.amd import cumask, devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
+from dra_plugin.vendors.amd.cubook import CuBook, recorded_ranges
 from dra_plugin.vendors.amd.doctor import check_amd
 from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
 from dra_plugin.vendors.amd.ras import RasWatcher
@@ -28,6 +33,7 @@ from dra_plugin.vendors.base import (
     DrmScan,
     Monitor,
     MonitorHooks,
+    OnDemand,
     TelemetryReader,
     Vendor,
     driver_name_option,
@@ -37,6 +43,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
+from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +69,12 @@ OPTIONS = (
 class AmdSettings(BasicSettings):
     ras_poll_seconds: float = 10.0
     vfio: bool = False  # publish VFIO-bound GPUs
+
+    @property
+    def sharing(self) -> Sharing | None:
+        # A share books compute units too: the ones its HSA_CU_MASK enables.
+        base = super().sharing
+        return None if base is None else Sharing(base.shares, divided=(cumask.CAPACITY,))
 
 
 class AmdVendor(Vendor):
@@ -156,3 +169,64 @@ class AmdDriver(Driver):
 
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_amd(ctx)
+
+    def claim_edits(
+        self, devices: Sequence[Device], host_root: Path, claim: ClaimContext
+    ) -> ClaimEdits:
+        edits = super().claim_edits(devices, host_root, claim)
+        mask = cu_mask(devices, claim)
+        if mask is None:
+            return edits
+        return ClaimEdits(
+            nodes=edits.nodes,
+            extra_ids=edits.extra_ids,
+            spec_edits={**edits.spec_edits, "env": [f"{cumask.ENV}={mask}"]},
+            shared_nodes=edits.shared_nodes,
+        )
+
+    def on_demand(self, state_dir: Path, boot_id: str, host_root: Path) -> OnDemand | None:
+        return CuBook(state_dir) if self.sharing is not None else None
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        total = device.caps.get(cumask.CAPACITY, 0)
+        ranges = recorded_ranges(vendor, total)
+        if ranges is None:
+            return ShareCondition(
+                False,
+                "AccountingOnly",
+                f"this share booked no compute units ({cumask.CAPACITY}: the GPU publishes "
+                "none to divide, or the claim was allocated from a slice without them), so "
+                f"it has no {cumask.ENV} and its processes can use all of the GPU",
+            )
+        units = len(cumask.units(ranges))
+        return ShareCondition(
+            True,
+            "ComputeUnitMask",
+            f"{cumask.ENV} in its CDI spec holds this share's ROCm runtime to compute units "
+            f"{cumask.cu_list(ranges)} ({units} of {total}), disjoint from the other shares "
+            "of this GPU. Not limited: GPU memory, and a process that unsets "
+            f"{cumask.ENV} or does not use the ROCm runtime (see docs/sharing.md)",
+        )
+
+
+def rocm_order(devices: Sequence[Device]) -> list[Device]:
+    """The claim's AMD GPUs in the order the ROCm runtime in its container numbers them:
+    by KFD topology node, the order libhsakmt enumerates the GPUs it can open."""
+
+    def key(d: Device) -> tuple[int, str]:
+        node = d.extra_value(cumask.KFD_NODE)
+        return (int(node) if node is not None and node.isdigit() else 1 << 30, d.name)
+
+    gpus = {d.name: d for d in devices if not vfio.is_vfio_device(d)}
+    return sorted(gpus.values(), key=key)
+
+
+def cu_mask(devices: Sequence[Device], claim: ClaimContext) -> str | None:
+    """The claim's HSA_CU_MASK (None: no device of it has recorded compute units)."""
+    sets = []
+    for index, dev in enumerate(rocm_order(devices)):
+        alloc = claim.device(dev.name)
+        ranges = recorded_ranges(alloc.vendor if alloc else None, dev.caps.get(cumask.CAPACITY, 0))
+        if ranges is not None:
+            sets.append((index, ranges))
+    return cumask.hsa_cu_mask(sets) if sets else None

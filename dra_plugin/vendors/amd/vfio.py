@@ -56,3 +56,8 @@ def vfio_device(
         extra={"type": VFIO_TYPE, "iommuGroup": facts.iommu_group}
         | ({"vfio": facts.cdev} if facts.cdev else {}),
     )
+
+
+def is_vfio_device(device: Device) -> bool:
+    """Whether `device` is a VFIO-bound GPU (for a VM: no ROCm runtime sees it)."""
+    return device.extra_value("type") == VFIO_TYPE

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_plugin.devices import Device
 from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.options import Option, Raw, number
@@ -27,6 +28,7 @@ from dra_plugin.vendors.base import (
     sharing_options,
     vfio_option,
 )
+from dra_plugin.vendors.claimcontext import ShareCondition, VendorEntry
 from dra_plugin.vendors.intel import devices
 from dra_plugin.vendors.intel.doctor import check_intel
 from dra_plugin.vendors.intel.health import HangRule, IntelHealthMonitor
@@ -130,3 +132,14 @@ class IntelDriver(Driver):
 
     def doctor(self, ctx: DoctorContext) -> list[Finding]:
         return check_intel(ctx, PCI_VENDOR_ID.removeprefix("0x"))
+
+    def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
+        # i915 and xe have no per-process limit on a GPU's execution units or memory that
+        # a plugin could set for a container: shares are the scheduler's books only.
+        return ShareCondition(
+            False,
+            "AccountingOnly",
+            "Intel GPUs have no mechanism that holds a share to what it consumed: the "
+            "scheduler counts the shares, but this claim's processes can use all of the "
+            "GPU's engines and memory, as the other sharers' can (see docs/sharing.md)",
+        )

@@ -9,12 +9,14 @@ that fails undoes its own part (the OnDemand contract); the steps before it are 
 here, so a failed `make` leaves nothing behind.
 
 Each step keeps its state under its own key of the device's vendor entry; the entries the
-steps return are merged key by key, never replaced whole.
+steps return, and those a step writes at once (`ClaimContext.record`), are merged key by
+key, never replaced whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from dra_plugin.devices import Device
@@ -36,6 +38,22 @@ def _recorded(claim: ClaimContext, device: str) -> VendorEntry | None:
     return d.vendor if d is not None else None
 
 
+def _merging(claim: ClaimContext, latest: dict[str, VendorEntry]) -> ClaimContext:
+    """`claim` whose `record` lays a step's keys over each device's latest entry (`latest`:
+    what this call wrote or the steps returned so far, else the record's), so one step's
+    write keeps the others' keys; `latest` follows the writes."""
+    outer = claim.recorder
+    if outer is None:
+        return claim
+
+    def record(entries: Mapping[str, VendorEntry]) -> None:
+        full = {n: merged(latest.get(n) or _recorded(claim, n), e) for n, e in entries.items()}
+        outer(full)
+        latest.update(full)
+
+    return replace(claim, recorder=record)
+
+
 class ClaimSteps:
     """Runs `steps` as one OnDemand hook (see the module docstring)."""
 
@@ -43,11 +61,12 @@ class ClaimSteps:
         self.steps = tuple(steps)
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
-        entries: dict[str, VendorEntry] = {}
+        entries: dict[str, VendorEntry] = {}  # each device's latest: written or returned
         done: list[OnDemand] = []
         current = list(devices)
+        recording = _merging(claim, entries)
         for step in self.steps:
-            seen = claim.with_vendor(entries)
+            seen = recording.with_vendor(entries)
             try:
                 made = step.make(seen, current)
             except MakeError:
@@ -76,5 +95,6 @@ class ClaimSteps:
             raise MakeError("; ".join(errors))
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
+        held = {uid: _merging(c, {}) for uid, c in held.items()}  # one `latest` per claim
         for step in self.steps:
             step.reconcile(held)

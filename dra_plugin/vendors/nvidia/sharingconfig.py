@@ -3,7 +3,7 @@
 NVIDIA's DRA driver takes its sharing settings from opaque configs of apiVersion
 `resource.nvidia.com/v1beta1` (kinds `GpuConfig` and `MigDeviceConfig`): a `sharing` with a
 `strategy` of `TimeSlicing` or `MPS` and the strategy's settings. These values are what is
-left once such a config is decoded and checked (configs.py); the steps that act on them
+left once such a config is decoded and checked; the steps that act on them
 (time-slicing, MPS) take nothing else.
 """
 
@@ -36,7 +36,7 @@ class TimeSlice(IntEnum):
 @dataclass(frozen=True)
 class MpsSettings:
     """`mpsConfig`: limits for every client of the claim's MPS control daemon. Memory
-    limits are bytes; `per_device_pinned_memory` is keyed by GPU UUID (configs.py resolves
+    limits are bytes; `per_device_pinned_memory` is keyed by GPU UUID (the decoder resolves
     the device indexes NVIDIA's config also accepts)."""
 
     active_thread_percentage: int | None = None  # 1..100

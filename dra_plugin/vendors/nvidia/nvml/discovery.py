@@ -6,7 +6,7 @@ claims. What it publishes instead depends on NVIDIA_MIG_PARTITIONS:
 - off: its existing MIG devices as static devices; one without MIG devices publishes
   nothing (and says so in the warnings);
 - on (discovery gets the instances made on demand, ondemand.py): the MIG devices an
-  administrator made (or ours from a lost instance book) as static devices, and every
+  administrator made (or ours from a lost record) as static devices, and every
   placement none of them covers as a partitionable device with its counters (KEP-4815,
   partitions.py), whose instance is made when a claim is prepared; a placement this
   plugin made an instance for carries its MIG UUID and nodes.

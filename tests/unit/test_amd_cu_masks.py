@@ -1,0 +1,270 @@
+"""Compute-unit masks for AMD shares (vendors/amd/cumask.py, cubook.py): placement, the
+HSA_CU_MASK syntax, the book and its recovery, the shared slice shape, and the status
+condition each vendor gives a share."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+
+from dra_plugin.claims.claims import PreparedDevice
+from dra_plugin.claims.claimstatus import status_entries
+from dra_plugin.devices import Device, DeviceNode, make_device
+from dra_plugin.slices.build import desired_slices, validate_slice
+from dra_plugin.vendors.amd import cumask
+from dra_plugin.vendors.amd.cubook import BOOK, CuBook
+from dra_plugin.vendors.amd.vendor import AmdDriver, AmdVendor, cu_mask
+from dra_plugin.vendors.base import MakeError, defaults
+from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
+from dra_plugin.vendors.intel.vendor import IntelVendor
+from fakes import apiserver
+from fakes.apiserver.claim_status import validate_status_devices
+
+NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
+AMD = "gpu.amd.com"
+SHARE = "0f5c3b0e-8a8a-4d7e-9a55-0d7f7c1f0003"
+
+
+def gpu(name: str = "navi", cus: int | None = 96, gfx: int = 110000, node: int = 1) -> Device:
+    return make_device(
+        name=name,
+        vendor="amd",
+        driver=AMD,
+        attributes={"type": "amdgpu"},
+        capacity={"memory": 24 << 30, "computeUnits": cus},
+        nodes=[DeviceNode(f"/dev/dri/renderD{128 + node}", 226, 128 + node)],
+        extra={cumask.KFD_NODE: str(node), cumask.GFX_VERSION: str(gfx)},
+    )
+
+
+def claim(
+    uid: str, *devices: tuple[str, int | None], vendor: dict[str, object] | None = None
+) -> ClaimContext:
+    return ClaimContext(
+        uid,
+        "default",
+        f"c-{uid[:4]}",
+        devices=tuple(
+            AllocatedDevice(
+                name,
+                "gpu",
+                share_id=SHARE,
+                consumed={"shares": "1"} | ({"computeUnits": str(n)} if n is not None else {}),
+                vendor=vendor,
+            )
+            for name, n in devices
+        ),
+    )
+
+
+def amd_driver(**values: str) -> AmdDriver:
+    raw = defaults(AmdVendor().options())
+    raw.update(values)
+    return AmdVendor().configure(raw)
+
+
+# --- pure ------------------------------------------------------------------------------
+
+
+def test_placement_is_lowest_free_first_and_may_span_holes() -> None:
+    assert cumask.place(96, set(), 24) == ((0, 23),)
+    assert cumask.place(96, set(range(0, 24)), 40) == ((24, 63),)
+    # A hole left by an unprepared share is reused, and a share may span two holes.
+    taken = set(range(8, 16)) | set(range(24, 96))
+    assert cumask.place(96, taken, 12) == ((0, 7), (16, 19))
+    assert cumask.place(96, set(range(90)), 7) is None
+
+
+def test_wgp_pairs_round_up_and_stay_aligned() -> None:
+    assert cumask.granule(110000) == 2 and cumask.granule(100100) == 2
+    assert cumask.granule(90402) == 1 and cumask.granule(0) == 1
+    assert cumask.place(96, set(), 5, step=2) == ((0, 5),)
+    # Unit 1 taken breaks the WGP 0-1: the pair is skipped whole.
+    assert cumask.place(8, {1}, 3, step=2) == ((2, 5),)
+    assert cumask.place(4, {1}, 3, step=2) is None
+
+
+def test_hsa_cu_mask_syntax() -> None:
+    # ROCm: CU_Set = GPU_list ":" CU_list, sets joined by ";", lists of IDs and ranges.
+    assert cumask.hsa_cu_mask([(0, ((0, 11),))]) == "0:0-11"
+    assert cumask.hsa_cu_mask([(1, ((3, 3), (8, 9))), (0, ((0, 1),))]) == "0:0-1;1:3,8-9"
+    assert cumask.as_ranges({0, 1, 2, 5}) == ((0, 2), (5, 5))
+
+
+@pytest.mark.parametrize(
+    "raw", [None, [], [[0]], [[3, 1]], [[0, 96]], [[0, 5], [5, 6]], [[0, True]], [["0", 1]], "0-5"]
+)
+def test_recorded_ranges_that_are_not_ranges_are_refused(raw: object) -> None:
+    assert cumask.valid_ranges(raw, 96) is None
+
+
+@pytest.mark.parametrize("raw", ["1.5", "0", "-2", "x", "1e9"])
+def test_consumed_units_must_be_whole(raw: str) -> None:
+    with pytest.raises(ValueError, match="computeUnits"):
+        cumask.consumed_units({"computeUnits": raw})
+
+
+def test_shared_amd_slice_books_compute_units() -> None:
+    settings = amd_driver(amd_sharing="shared", amd_shares="8")
+    out = desired_slices(NODE, UID, AMD, [gpu()], sharing=settings.sharing)
+    (dev,) = [d for s in out for d in s["spec"]["devices"]]
+    assert dev["capacity"]["computeUnits"] == {
+        "value": "96",
+        "requestPolicy": {"default": "12", "validRange": {"min": "1", "max": "96", "step": "1"}},
+    }
+    for obj in out:
+        kubernetes_validate.validate(obj, "1.36.0", strict=True)
+        assert apiserver.validate_slice(obj, "v1") == []
+        validate_slice(obj)
+    # Fewer units than shares: not divided (a share could not get one).
+    small = desired_slices(NODE, UID, AMD, [gpu(cus=4)], sharing=settings.sharing)
+    assert "computeUnits" not in small[0]["spec"]["devices"][0]["capacity"]
+
+
+# --- the book ------------------------------------------------------------------------
+
+
+def test_make_books_disjoint_ranges_and_release_frees_them(tmp_path: Path) -> None:
+    book, navi = CuBook(tmp_path), gpu()
+    a = book.make(claim("a" * 8, ("navi", 24)), [navi])
+    assert a.vendor == {"navi": {"v": 1, "cu": [[0, 23]], "units": 24}}
+    b = book.make(claim("b" * 8, ("navi", 40)), [navi])
+    assert b.vendor["navi"]["cu"] == [[24, 63]]
+    # The same claim again (the kubelet's repeated call): the same units.
+    assert book.make(claim("a" * 8, ("navi", 24)), [navi]).vendor == a.vendor
+    stored = json.loads((tmp_path / BOOK).read_text())
+    assert stored == {"v": 1, "devices": {"navi": {"a" * 8: [[0, 23]], "b" * 8: [[24, 63]]}}}
+    with pytest.raises(MakeError, match="consumes 40 compute units, but only 32 of 96"):
+        book.make(claim("c" * 8, ("navi", 40)), [navi])
+    book.release(claim("a" * 8))
+    assert book.make(claim("c" * 8, ("navi", 40)), [navi]).vendor["navi"]["cu"] == [
+        [0, 23],
+        [64, 79],
+    ]
+
+
+def test_odd_count_on_wgp_gpu_says_why_it_does_not_fit(tmp_path: Path) -> None:
+    book, navi = CuBook(tmp_path), gpu(cus=8)
+    book.make(claim("a" * 8, ("navi", 4)), [navi])
+    with pytest.raises(MakeError, match=r"rounded up to 4: .* in pairs, one WGP"):
+        book.make(claim("b" * 8, ("navi", 3)), [gpu(cus=6)])
+
+
+def test_no_mask_without_compute_units(tmp_path: Path) -> None:
+    book = CuBook(tmp_path)
+    made = book.make(claim("a" * 8, ("navi", None)), [gpu()])
+    assert made.vendor == {} and not (tmp_path / BOOK).exists()
+    # A device that publishes none (no KFD topology) gets none either.
+    assert CuBook(tmp_path).make(claim("a" * 8, ("navi", 4)), [gpu(cus=None)]).vendor == {}
+
+
+def test_reconcile_rebuilds_the_book_from_the_record(tmp_path: Path) -> None:
+    book, navi = CuBook(tmp_path), gpu()
+    book.make(claim("a" * 8, ("navi", 24)), [navi])
+    book.make(claim("gone" * 2, ("navi", 24)), [navi])  # its record was dropped
+    held = {"b" * 8: claim("b" * 8, ("navi", 8), vendor={"v": 1, "cu": [[40, 47]]})}
+    held["a" * 8] = claim("a" * 8, ("navi", 24))  # in the record without an entry: kept
+    book.reconcile(held)
+    stored = json.loads((tmp_path / BOOK).read_text())["devices"]["navi"]
+    assert stored == {"a" * 8: [[0, 23]], "b" * 8: [[40, 47]]}
+    # A recorded entry is what a re-prepare keeps, as long as nobody else holds it.
+    again = book.make(claim("b" * 8, ("navi", 8), vendor={"v": 1, "cu": [[40, 47]]}), [navi])
+    assert again.vendor["navi"]["cu"] == [[40, 47]]
+    clash = claim("c" * 8, ("navi", 8), vendor={"v": 1, "cu": [[20, 27]]})
+    with pytest.raises(MakeError, match="also held by another claim"):
+        book.make(clash, [navi])
+
+
+@pytest.mark.parametrize(
+    "damage", ["not json", '{"v": 1, "devices": {"navi": {"a": [[5, 1]]}}}', None]
+)
+def test_a_damaged_book_refuses_masks_until_a_restart(tmp_path: Path, damage: str | None) -> None:
+    book = CuBook(tmp_path)
+    book.reconcile({})
+    if damage is None:
+        (tmp_path / BOOK).unlink()  # gone while running: not taken as empty
+    else:
+        (tmp_path / BOOK).write_text(damage)
+    with pytest.raises(MakeError, match=r"compute-unit book .* restarts and rebuilds it"):
+        book.make(claim("a" * 8, ("navi", 4)), [gpu()])
+    book.release(claim("a" * 8))  # unprepare is never held up by it
+    CuBook(tmp_path).reconcile({})  # the restart
+    assert CuBook(tmp_path).make(claim("a" * 8, ("navi", 4)), [gpu()]).vendor
+
+
+# --- the mask of a claim --------------------------------------------------------------
+
+
+def test_mask_indexes_gpus_in_kfd_node_order() -> None:
+    first, second = gpu("zz-first", node=1), gpu("aa-second", node=2)
+    ctx = ClaimContext(
+        "u",
+        "default",
+        "two",
+        devices=(
+            AllocatedDevice("aa-second", "gpu", SHARE, vendor={"v": 1, "cu": [[0, 3]]}),
+            AllocatedDevice("zz-first", "gpu", SHARE, vendor={"v": 1, "cu": [[8, 11]]}),
+        ),
+    )
+    assert cu_mask([second, first], ctx) == "0:8-11;1:0-3"
+    # Only the second shared: index 1 still (the first is in the container, unmasked).
+    ctx1 = ClaimContext(
+        "u",
+        "default",
+        "two",
+        devices=(
+            AllocatedDevice("aa-second", "gpu", SHARE, vendor={"v": 1, "cu": [[0, 3]]}),
+            AllocatedDevice("zz-first", "gpu"),
+        ),
+    )
+    assert cu_mask([second, first], ctx1) == "1:0-3"
+    assert cu_mask([first], ClaimContext("u", "default", "x")) is None
+
+
+# --- the share's status condition -------------------------------------------------------
+
+
+def test_share_conditions_are_valid_status_and_say_what_holds_a_share() -> None:
+    amd = amd_driver()
+    intel = IntelVendor().configure(defaults(IntelVendor().options()))
+    navi = gpu()
+    entry = {"v": 1, "cu": [[0, 11]], "units": 12}
+    for driver, enforced in ((amd, True), (intel, False)):
+        entries = status_entries(
+            driver.driver_name,
+            [
+                PreparedDevice(("gpu",), NODE, navi.name, ("x",), share_id=SHARE, vendor=entry),
+                PreparedDevice(("whole",), NODE, navi.name, ("x",)),
+            ],
+            {navi.name: navi},
+            "2026-01-02T03:04:05Z",
+            driver.share_condition,
+        )
+        shared, whole = entries
+        assert [c["type"] for c in whole["conditions"]] == ["Ready"]
+        (limits,) = [c for c in shared["conditions"] if c["type"] == "ShareLimits"]
+        assert limits["status"] == ("True" if enforced else "False")
+        status = {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": driver.driver_name, "pool": NODE,
+                         "device": navi.name, "shareID": SHARE},
+                        {"request": "whole", "driver": driver.driver_name, "pool": NODE,
+                         "device": navi.name},
+                    ]
+                }
+            },
+            "devices": entries,
+        }  # fmt: skip
+        assert validate_status_devices(status) == []
+    said = amd.share_condition(navi, entry)
+    assert said is not None and "compute units 0-11 (12 of 96)" in said.message
+    # An AMD share without recorded compute units (none booked, or none to divide) is
+    # accounting only, and says so.
+    for device, vendor in ((navi, None), (gpu(cus=None), entry)):
+        plain = amd.share_condition(device, vendor)
+        assert plain is not None and (plain.enforced, plain.reason) == (False, "AccountingOnly")
