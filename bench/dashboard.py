@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import socket
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim
+from fakes.ports import free_port
 from fakes.simnode import CARDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,18 +117,12 @@ class Workload:
                                  str(int(45000 + 25000 * busy[DGPU.pci_address])))  # fmt: skip
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def record(seconds: float) -> list[tuple[float, Scrape]]:
     history: list[tuple[float, Scrape]] = []
     with tempfile.TemporaryDirectory(prefix="dra-dashboard-") as tmp:
         cluster = Cluster(Path(tmp), profile="igpu+dgpu", nvml_profile="datacenter", node=NODE)
         try:
-            port = _free_port()
+            port = free_port()
             daemon = cluster.start_daemon(env={
                 "METRICS_PORT": str(port), "METRICS_ADDRESS": "127.0.0.1",
                 "TELEMETRY_INTERVAL_SECONDS": str(STEP),

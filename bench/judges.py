@@ -1,6 +1,6 @@
 """python -m bench.judges [--repeats N]: what the real-component judges cost, as JSON.
 
-- build: the judge programs for the current sources (tests/judges/build.py): seconds of
+- build: the judge programs for the current sources (fakes/judges/build.py): seconds of
   this call (0 when a binary for this source key exists) and of the build that made it;
 - apiserver start: process start -> /readyz ok -> the ready file read, per emulated
   version (etcd embedded, a fresh data directory each time), N times each.
@@ -14,7 +14,7 @@ import sys
 import time
 
 from bench.stats import summarize
-from tests.judges import apiserver, build
+from fakes.judges import apiserver, build
 
 VERSIONS = ("", "1.35", "1.34")  # "": the binary's own 1.37 defaults
 

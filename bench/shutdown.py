@@ -17,7 +17,7 @@ from typing import Any
 
 from bench.node import BenchNode
 from bench.stats import summarize
-from tests.integration.test_telemetry import _free_port
+from fakes.ports import free_port
 
 TARGET_MS = 2000.0
 RUNNING = ("watching udev events", "running node=")  # log lines: every monitor started
@@ -28,7 +28,7 @@ def run(node: BenchNode, *, repeats: int) -> dict[str, Any]:
     codes: list[int] = []
     for _ in range(repeats):
         env = {
-            "METRICS_PORT": str(_free_port()),
+            "METRICS_PORT": str(free_port()),
             "METRICS_ADDRESS": "127.0.0.1",
             "TELEMETRY_INTERVAL_SECONDS": "0.2",
         }

@@ -17,7 +17,7 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
 from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.base import OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext
 from dra_plugin.vendors.intel.ids import INTEL
 from dra_plugin.vendors.nvidia.model import NVIDIA
@@ -129,35 +130,78 @@ class FakeApi:
             raise NotFoundError(f"resourceclaims {namespace}/{name} not found") from None
 
 
+_VENDOR_EDITS: Any = object()  # preparer(): claim edits as the daemon makes them
+
+
 def preparer(
     root: Path,
-    api: FakeApi,
-    devices: list[Device],
+    api: Any,  # FakeApi, or a real client (KubeAPI): what has get_claim
+    devices: Sequence[Device],
     *,
     driver: str = DRIVER,
+    node_name: str = NODE,
     boot: str = "boot-1",
     on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
     nvidia_strategy: str = "auto",
     device_metadata: bool = False,
+    claim_edits: Any = _VENDOR_EDITS,
+    on_demand: OnDemand | None = None,
+    opaque_configs: Collection[tuple[str, str]] = frozenset(),
 ) -> ClaimPreparer:
+    """A ClaimPreparer over root/state and root/cdi (made here), reading claims from `api`
+    and holding `devices`; `claim_edits` None is the core's node edits only."""
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
     return ClaimPreparer(
         driver=driver,
-        node_name=NODE,
+        node_name=node_name,
         state_dir=root / "state",
         cdi_root=root / "cdi",
         cdi_options=options,
-        claim_edits=vendor_edits(nvidia_strategy),
+        claim_edits=vendor_edits(nvidia_strategy) if claim_edits is _VENDOR_EDITS else claim_edits,
         fetch_claim=api.get_claim,
         devices=lambda: {d.name: d for d in devices},
         on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
         device_metadata=device_metadata,
+        on_demand=on_demand,
+        opaque_configs=opaque_configs,
     )
+
+
+class Harness:
+    """One node's claim world in a folder, for tests (the `harness` fixture): preparers
+    over `root` holding `devices` (the test module's DEVICES), each reading a FakeApi."""
+
+    def __init__(self, root: Path, devices: Sequence[Device]) -> None:
+        self.root = root
+        self.devices = list(devices)
+
+    def preparer(
+        self,
+        claims: FakeApi | Iterable[dict[str, Any]] = (),
+        *,
+        root: Path | None = None,
+        devices: Sequence[Device] | None = None,
+        started: bool = False,
+        **options: Any,
+    ) -> ClaimPreparer:
+        """A preparer reading `claims` (a fresh FakeApi holding them, or the FakeApi given),
+        over `root` (default: the harness's) with `devices` (default: the harness's);
+        `started`: its startup() has run. `options` are preparer()'s."""
+        api = claims if isinstance(claims, FakeApi) else FakeApi(list(claims))
+        p = preparer(
+            self.root if root is None else root,
+            api,
+            self.devices if devices is None else devices,
+            **options,
+        )
+        if started:
+            asyncio.run(p.startup())
+        return p
 
 
 def vendor_edits(

@@ -1,8 +1,13 @@
-"""Suite-wide options: slow tests run only when asked for with --slow (CI asks)."""
+"""Suite-wide options and fixtures: slow tests run only when asked for with --slow (CI
+asks); `harness` is the claim preparer's world most claim tests start from."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from fakes.claim_harness import Harness, intel_device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,3 +27,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Harness:
+    """Claim preparers over tmp_path (fakes/claim_harness.py), holding the test module's
+    DEVICES (four Intel GPUs when it has none): `harness.preparer([claims], **options)`."""
+    devices = getattr(request.module, "DEVICES", None)
+    return Harness(tmp_path, [intel_device(i) for i in range(4)] if devices is None else devices)

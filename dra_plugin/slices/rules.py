@@ -54,7 +54,7 @@ def flat_device(device: Obj) -> Obj:
     return device
 
 
-def _qualified_name_problem(name: str) -> str | None:
+def qualified_name_problem(name: str) -> str | None:
     domain, sep, ident = name.rpartition("/")
     if sep and not (domain and len(domain) <= 63 and is_dns_subdomain(domain)):
         return "domain must be a DNS subdomain of at most 63 characters"
@@ -65,11 +65,20 @@ def _qualified_name_problem(name: str) -> str | None:
     return None
 
 
-def _label_name_ok(key: str) -> bool:
+def label_name_ok(key: str) -> bool:
     prefix, sep, name = key.rpartition("/")
     if sep and not is_dns_subdomain(prefix):
         return False
     return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+def pool_name_ok(name: str) -> bool:
+    """DNS subdomains separated by '/', at most 253 characters in all."""
+    return bool(name) and len(name) <= 253 and all(is_dns_subdomain(p) for p in name.split("/"))
+
+
+def label_value_ok(value: str) -> bool:
+    return len(value) <= 63 and bool(_LABEL_VALUE.match(value))
 
 
 def validate_slice(obj: Obj) -> None:
@@ -94,11 +103,7 @@ def validate_slice(obj: Obj) -> None:
             fail(f"spec.{other} must be unset: the slice's node is spec.nodeName")
     pool = spec.get("pool") or {}
     pool_name = str(pool.get("name", ""))
-    if (
-        not pool_name
-        or len(pool_name) > 253
-        or not all(is_dns_subdomain(p) for p in pool_name.split("/"))
-    ):
+    if not pool_name_ok(pool_name):
         fail(f"pool name {pool_name!r} must be DNS subdomains separated by '/', <= 253")
     if not isinstance(pool.get("generation"), int) or pool["generation"] < 0:
         fail("pool generation must be an integer >= 0")
@@ -168,7 +173,7 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
             name,
         )
     for key, attr in attrs.items():
-        problem = _qualified_name_problem(key)
+        problem = qualified_name_problem(key)
         if problem:
             fail(f"attribute {key!r}: {problem}", name)
         kinds = [k for k in ("bool", "int", "string", "version") if attr.get(k) is not None]
@@ -187,7 +192,7 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
         fail(problem, name)
     shared = dev.get("allowMultipleAllocations") is True
     for key, cap in caps.items():
-        problem = _qualified_name_problem(key)
+        problem = qualified_name_problem(key)
         if problem:
             fail(f"capacity {key!r}: {problem}", name)
         try:
@@ -215,10 +220,10 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
     if len(taints) > MAX_TAINTS_PER_DEVICE:
         fail(f"{len(taints)} taints, limit {MAX_TAINTS_PER_DEVICE}", name)
     for taint in taints:
-        if not _label_name_ok(str(taint.get("key", ""))):
+        if not label_name_ok(str(taint.get("key", ""))):
             fail(f"taint key {taint.get('key')!r} is not a label name", name)
         value = str(taint.get("value", "") or "")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
+        if not label_value_ok(value):
             fail(f"taint value {value!r} is not a label value", name)
         if taint.get("effect") not in TAINT_EFFECTS:
             fail(f"taint effect {taint.get('effect')!r} is not one of {TAINT_EFFECTS}", name)
@@ -231,7 +236,7 @@ def binding_conditions_problem(dev: Obj) -> str | None:
     for key, items in (("bindingConditions", conds), ("bindingFailureConditions", fails)):
         if len(items) > MAX_BINDING_CONDITIONS:
             return f"{len(items)} {key}, limit {MAX_BINDING_CONDITIONS}"
-        if not all(isinstance(c, str) and _label_name_ok(c) for c in items):
+        if not all(isinstance(c, str) and label_name_ok(c) for c in items):
             return f"{key} must be label names"
         if len(set(items)) != len(items):
             return f"{key} must be unique"

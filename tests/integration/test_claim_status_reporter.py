@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, PrepareActivity
 from dra_plugin.kubeapi import KubeAPI, Timeouts
 from dra_plugin.telemetry import metrics
 from fakes.apiserver import FakeAPIServer
-from fakes.claim_harness import DRIVER, NODE, claim, intel_device, ref, result
+from fakes.claim_harness import DRIVER, NODE, claim, intel_device, preparer, ref, result
 from fakes.waits import async_wait_for
 
 FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
@@ -31,17 +30,7 @@ async def _reporter(
 ) -> tuple[KubeAPI, ClaimStatusReporter, PrepareActivity]:
     """The real preparer wrapped by the reporter, the real client against `srv`."""
     api = KubeAPI.from_url(srv.url, timeouts=FAST)
-    for sub in ("state", "cdi"):
-        (tmp_path / sub).mkdir()
-    inner = ClaimPreparer(
-        driver=DRIVER,
-        node_name=NODE,
-        state_dir=tmp_path / "state",
-        cdi_root=tmp_path / "cdi",
-        fetch_claim=api.get_claim,
-        devices=lambda: {DEV.name: DEV},
-        boot_id=lambda: "boot-1",
-    )
+    inner = preparer(tmp_path, api, [DEV], driver=DRIVER, node_name=NODE, claim_edits=None)
     await inner.startup()
     activity = PrepareActivity()
     reporter = ClaimStatusReporter(

@@ -16,9 +16,9 @@ import yaml
 
 from fakes.apiserver import validate_slice
 from fakes.cluster import INTEL, NVIDIA, ROOT, Cluster, allocated_claim
+from fakes.judges import build
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
-from tests.judges import build
 from tests.judges.allocator import device_class, first_available
 from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode
 

@@ -14,8 +14,8 @@ import pytest
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.vendors.nvidia.migbook import BOOK
 from fakes.cluster import NVIDIA, Cluster
+from fakes.judges import build
 from fakes.migworld import stand_in_env
-from tests.judges import build
 from tests.judges.allocator import device_class, exactly
 from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode
 

@@ -28,10 +28,10 @@ from dra_plugin.vendors.nvidia.nvml.library import session
 from dra_plugin.vendors.nvidia.nvml.miginstances import destroy, gpu_instances
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
 from fakes.claim_harness import NODE, FakeApi, ref
+from fakes.judges import build
 from fakes.migworld import DRIVER, MigNode, placement_claim, set_env
 from fakes.nvml_lib import FakeNvml, build_fake_nvml
 from fakes.waits import wait_for
-from tests.judges import build
 from tests.judges.allocator import (
     FEATURES_1_37,
     AllocationFailed,

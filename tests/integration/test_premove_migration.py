@@ -15,11 +15,10 @@ from dra_plugin.checkpoint.snapshot import COMPLETED, FORMAT_KIND, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
-    FakeApi,
+    Harness,
     check_consistent,
     intel_device,
     nvidia_device,
-    preparer,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "premove"
@@ -30,7 +29,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("vendor", sorted(CASES))
-def test_old_checkpoint_is_migrated_then_unprepared_cleanly(tmp_path: Path, vendor: str) -> None:
+def test_old_checkpoint_is_migrated_then_unprepared_cleanly(
+    tmp_path: Path, vendor: str, harness: Harness
+) -> None:
     driver, sharing = CASES[vendor]
     root = tmp_path / vendor
     shutil.copytree(FIXTURES / vendor, root)
@@ -41,8 +42,7 @@ def test_old_checkpoint_is_migrated_then_unprepared_cleanly(tmp_path: Path, vend
         if vendor == "intel"
         else [nvidia_device(0, driver)]
     )
-    p = preparer(root, FakeApi(), devices, driver=driver, sharing=sharing)
-    asyncio.run(p.startup())
+    p = harness.preparer(root=root, devices=devices, driver=driver, sharing=sharing, started=True)
     claims = check_consistent(root, driver)  # nothing undone, no spec file collected
     recorded = json.loads(old)["payload"]["claims"]
     assert set(claims) == set(recorded)
@@ -61,8 +61,7 @@ def test_old_checkpoint_is_migrated_then_unprepared_cleanly(tmp_path: Path, vend
     assert state is not None and set(state.claims) == set(recorded) - {first}
     assert all(c.state == COMPLETED for c in state.claims.values())
     # A restarted plugin reads the migrated record, then unprepares the rest.
-    p2 = preparer(root, FakeApi(), devices, driver=driver, sharing=sharing)
-    asyncio.run(p2.startup())
+    p2 = harness.preparer(root=root, devices=devices, driver=driver, sharing=sharing, started=True)
     rest = [ClaimRef(recorded[u]["namespace"], u, recorded[u]["name"]) for u in recorded]
     assert asyncio.run(p2.unprepare(rest)) == dict.fromkeys(recorded, "")
     assert check_consistent(root, driver) == {}

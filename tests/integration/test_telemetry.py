@@ -5,7 +5,6 @@ reads what /metrics serves."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dra_plugin.sampling.claimholders import ClaimHolders
 from fakes.apiserver import FakeAPIServer
 from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim
+from fakes.ports import free_port as _free_port
 from fakes.simnode import CARDS, unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -30,12 +30,6 @@ pytestmark = pytest.mark.skipif(
 IGPU, DGPU, PF, VF = (CARDS[k] for k in ("igpu", "dgpu", "sriov-pf", "sriov-vf1"))
 GiB = 1 << 30
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Scrape:

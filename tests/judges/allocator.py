@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tests.judges import build
+from fakes.judges import build
 from tests.judges.apiclient import ApiClient
 
 Obj = dict[str, Any]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.judges.apiserver import ApiServer, JudgeError, Obj
+from fakes.judges.apiserver import ApiServer, JudgeError, Obj
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "dra-plugin"

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.judges import apiserver, build
-from tests.judges.apiserver import ApiServer, ServerFactory
+from fakes.judges import apiserver, build
+from fakes.judges.apiserver import ApiServer, ServerFactory
 from tests.judges.chart_identity import Chart, PluginAccess, chart_on, fresh_node, plugin_access
 
 MAX_RUNNING = 2

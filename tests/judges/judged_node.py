@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fakes.cluster import Cluster
-from tests.judges import build
+from fakes.judges import build
 from tests.judges.allocator import PodRef, allocate, claim, pod
 from tests.judges.apiclient import ApiClient
 from tests.judges.kubelet import KubeletJudge

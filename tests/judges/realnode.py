@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.judges import build
+from fakes.judges.apiserver import ApiServer
 from fakes.nvml_lib import build_fake_nvml
 from fakes.simnode import SimNode
-from tests.judges import build
 from tests.judges.allocator import FEATURES_1_37, PodRef, allocate, claim, device_class, pod
 from tests.judges.apiclient import ApiClient
-from tests.judges.apiserver import ApiServer
 from tests.judges.chart_identity import Chart, PluginAccess, fresh_node, plugin_access
 from tests.judges.chart_identity import write_kubeconfig as write_token_kubeconfig
 from tests.judges.kubelet import KubeletJudge

@@ -1,6 +1,6 @@
 """One table of ResourceSlice writes and what an API server does with each.
 
-Run against both the fake (fakes/apiserver.py) and the real kube-apiserver 1.37.2
+Run against both the fake (fakes/apiserver/) and the real kube-apiserver 1.37.2
 by test_api_conformance.py, so the fake cannot drift from the real server again. Each case
 is a slice spec sent as a create (or, with `base`, an update of a slice created first)
 and one outcome:

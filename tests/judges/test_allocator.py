@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.judges import build
 from fakes.kubelet import Claim, Plugin
 from fakes.migworld import stand_in_env
 from fakes.simnode import CARDS, unavailable_reason
-from tests.judges import build
 from tests.judges.allocator import (
     FEATURES_1_35,
     AllocationFailed,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from fakes.cluster import Cluster
+from fakes.judges import build
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
-from tests.judges import build
 from tests.judges.allocator import AllocationFailed, allocate, claim, device_class, exactly
 from tests.judges.apiclient import ApiClient
 

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import pytest
 
 from fakes.apiserver import FakeAPIServer
-from tests.judges import apiserver
-from tests.judges.apiserver import ApiServer, Response, ServerFactory, http_request
+from fakes.judges import apiserver
+from fakes.judges.apiserver import ApiServer, Response, ServerFactory, http_request
 from tests.judges.slice_cases import CASES, Accepted, Case, Obj, Rejected, expected_spec
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -23,7 +23,7 @@ from dra_plugin.kubeapi import Obj
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from fakes.claim_harness import intel_device
-from tests.judges.apiserver import ApiServer, ServerFactory
+from fakes.judges.apiserver import ApiServer, ServerFactory
 from tests.judges.chart_identity import PluginAccess, chart_on, fresh_node, plugin_access
 from tests.judges.test_apiserver_plugin import (
     INTEL,

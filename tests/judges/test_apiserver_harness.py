@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from fakes.judges import apiserver
 from fakes.waits import wait_for
-from tests.judges import apiserver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_the_server_goes_when_the_test_process_is_killed(tmp_path: Path) -> None
     script = (
         "import sys, time\n"
         "import grpc  # loaded, as in the suite: the spawn must survive it\n"
-        "from tests.judges import apiserver\n"
+        "from fakes.judges import apiserver\n"
         f"s = apiserver.start(workdir={str(tmp_path)!r})\n"
         "print(s._proc.pid, flush=True)\n"
         "time.sleep(600)\n"

@@ -14,7 +14,7 @@ from dra_plugin.running.workloads import LoopWorkloads
 from dra_plugin.vendors.nvidia import mpsdaemon
 from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits, DaemonSpec
 from dra_plugin.vendors.workloads import WorkloadError
-from tests.judges.apiserver import ApiServer
+from fakes.judges.apiserver import ApiServer
 from tests.judges.chart_identity import Chart, PluginAccess, render_chart
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
+from dra_plugin.claims.claims import ClaimRef
 from dra_plugin.claims.claimstatus import ClaimStatusReporter
 from dra_plugin.devices import CounterSet, Device, Health, Version, make_device
 from dra_plugin.kubeapi import ForbiddenError, InvalidError, KubeAPI, Obj, Timeouts, WatchEvent
 from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
-from fakes.claim_harness import intel_device
+from fakes.claim_harness import intel_device, preparer
+from fakes.judges.apiserver import ApiServer
 from fakes.waits import async_wait_for
 from tests.integration.test_kubeapi_warnings import slice_with_unknown_field
-from tests.judges.apiserver import ApiServer
 from tests.judges.chart_identity import PluginAccess
 
 # The first judge test of a session may build the judges (a rebuild after a change to
@@ -291,16 +291,8 @@ def prepare_with_status(
 
     async def go() -> tuple[Any, int, int]:
         api = plugin_api(access)
-        for sub in ("state", "cdi"):
-            (tmp_path / sub).mkdir()
-        inner = ClaimPreparer(
-            driver=INTEL,
-            node_name=access.node,
-            state_dir=tmp_path / "state",
-            cdi_root=tmp_path / "cdi",
-            fetch_claim=api.get_claim,
-            devices=lambda: {dev.name: dev},
-            boot_id=lambda: "boot-1",
+        inner = preparer(
+            tmp_path, api, [dev], driver=INTEL, node_name=access.node, claim_edits=None
         )
         await inner.startup()
         reporter = ClaimStatusReporter(

@@ -22,11 +22,11 @@ import pytest
 
 from dra_plugin.claims.metadatastream import read_stream
 from fakes.cluster import INTEL, NVIDIA
+from fakes.judges import build
+from fakes.judges.apiserver import ApiServer, ServerFactory
 from fakes.migworld import stand_in_env
 from fakes.simnode import unavailable_reason
-from tests.judges import build
 from tests.judges.allocator import FEATURES_1_35, AllocationFailed, exactly
-from tests.judges.apiserver import ApiServer, ServerFactory
 from tests.judges.chart_identity import chart_on
 from tests.judges.judged_node import claim_specs
 from tests.judges.kubelet import health_of

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon
+from fakes.judges import build
 from fakes.simnode import unavailable_reason
-from tests.judges import build
 from tests.judges.allocator import allocate, claim, device_class, exactly, first_available, pod
 from tests.judges.apiclient import ApiClient
 from tests.judges.judged_node import CLAIMS, PODS, RESOURCE, JudgedNode, claim_specs

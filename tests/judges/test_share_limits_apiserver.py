@@ -20,7 +20,7 @@ from dra_plugin.vendors.amd.vendor import AmdVendor
 from dra_plugin.vendors.base import defaults
 from dra_plugin.vendors.intel.vendor import IntelVendor
 from fakes.claim_harness import intel_device
-from tests.judges.apiserver import ApiServer
+from fakes.judges.apiserver import ApiServer
 from tests.judges.chart_identity import PluginAccess
 from tests.judges.test_apiserver_plugin import plugin_api, stored
 

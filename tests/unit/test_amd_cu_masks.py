@@ -21,7 +21,7 @@ from dra_plugin.vendors.base import MakeError, defaults
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.intel.vendor import IntelVendor
 from fakes import apiserver
-from fakes.claim_status_rules import validate_status_devices
+from fakes.apiserver.claim_status import validate_status_devices
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 AMD = "gpu.amd.com"

@@ -19,10 +19,9 @@ from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord, State
 from dra_plugin.telemetry import metrics
 from fakes.claim_harness import (
-    FakeApi,
+    Harness,
     claim,
     intel_device,
-    preparer,
     ref,
     result,
     uid,
@@ -158,13 +157,13 @@ def test_an_older_snapshot_without_a_journal_is_taken_and_bound(tmp_path: Path) 
 
 @pytest.mark.parametrize("how", ["emptied", "half", "other devices", "record gone"])
 def test_a_damaged_spec_is_written_again_on_re_prepare(
-    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture, harness: Harness
 ) -> None:
     """Same boot, the claim held: the kubelet's re-prepare finds its spec broken (spec files
     are not fsync'd) and writes it again, saying so, instead of answering OK over it."""
     devices = [intel_device(0), intel_device(1)]
     c = claim(1, [result(devices[0].name)])
-    p = preparer(tmp_path, FakeApi([c]), devices)
+    p = harness.preparer([c], devices=devices)
     first = asyncio.run(p.prepare([ref(c)]))[uid(1)]
     assert first.error == ""
     spec = tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(1))

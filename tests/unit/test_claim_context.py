@@ -186,17 +186,11 @@ class Recorder:
 def make_preparer(
     root: Path, api: FakeApi, vendor: Recorder, understood: frozenset[tuple[str, str]]
 ) -> ClaimPreparer:
-    (root / "state").mkdir(parents=True, exist_ok=True)
-    (root / "cdi").mkdir(parents=True, exist_ok=True)
-    return ClaimPreparer(
-        driver=DRIVER,
-        node_name=NODE,
-        state_dir=root / "state",
-        cdi_root=root / "cdi",
+    return harness_preparer(
+        root,
+        api,
+        DEVICES,
         claim_edits=vendor.claim_edits,
-        fetch_claim=api.get_claim,
-        devices=lambda: {d.name: d for d in DEVICES},
-        boot_id=lambda: "boot-1",
         on_demand=vendor,
         opaque_configs=understood,
     )

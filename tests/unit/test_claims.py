@@ -26,6 +26,7 @@ from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
@@ -56,12 +57,12 @@ def cdi_id(u: str, dev: str) -> str:
     return f"k8s.{DRIVER}/claim={u}-{dev}"
 
 
-def test_is_a_claim_handler(root: Path) -> None:
-    p: ClaimHandler = preparer(root, FakeApi(), DEVICES)
+def test_is_a_claim_handler(root: Path, harness: Harness) -> None:
+    p: ClaimHandler = harness.preparer()
     assert p is not None
 
 
-def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
+def test_prepare_keeps_our_driver_and_pool_only(root: Path, harness: Harness) -> None:
     c = claim(
         1,
         [
@@ -71,8 +72,7 @@ def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
         ],
     )
     api = FakeApi([c])
-    p = preparer(root, api, DEVICES)
-    run(p.startup())
+    p = harness.preparer(api, started=True)
     got = run(p.prepare([ref(c)]))
     assert got[uid(1)].error == ""
     assert got[uid(1)].devices == (PreparedDevice(("gpu",), NODE, D0, (cdi_id(uid(1), D0),)),)
@@ -82,9 +82,9 @@ def test_prepare_keeps_our_driver_and_pool_only(root: Path) -> None:
     check_consistent(root)
 
 
-def test_claim_without_our_results_prepares_nothing(root: Path) -> None:
+def test_claim_without_our_results_prepares_nothing(root: Path, harness: Harness) -> None:
     c = claim(1, [result("gpu-0", driver="gpu.nvidia.com")])
-    got = run(preparer(root, FakeApi([c]), DEVICES).prepare([ref(c)]))
+    got = run(harness.preparer([c]).prepare([ref(c)]))
     assert got[uid(1)].error == "" and got[uid(1)].devices == ()
     assert list((root / "cdi").iterdir()) == []
 
@@ -115,30 +115,32 @@ def test_claim_without_our_results_prepares_nothing(root: Path) -> None:
         ),
     ],
 )
-def test_per_claim_errors(root: Path, obj: Any, the_ref: ClaimRef | None, message: str) -> None:
+def test_per_claim_errors(
+    root: Path, obj: Any, the_ref: ClaimRef | None, message: str, harness: Harness
+) -> None:
     api = FakeApi([obj] if obj else [])
     r = the_ref or ref(obj)
-    got = run(preparer(root, api, DEVICES).prepare([r]))
+    got = run(harness.preparer(api).prepare([r]))
     assert got[r.uid].error == message
     assert list((root / "cdi").iterdir()) == []
 
 
-def test_api_unavailable_is_a_per_claim_error(root: Path) -> None:
+def test_api_unavailable_is_a_per_claim_error(root: Path, harness: Harness) -> None:
     async def broken(namespace: str, name: str) -> dict[str, Any]:
         raise UnavailableError("connection refused")
 
-    p = preparer(root, FakeApi(), DEVICES)
+    p = harness.preparer()
     p._fetch = broken
     got = run(p.prepare([ClaimRef("default", uid(1), "c")]))
     assert "cannot read it from the API: connection refused" in got[uid(1)].error
 
 
-def test_device_held_by_another_claim(root: Path) -> None:
+def test_device_held_by_another_claim(root: Path, harness: Harness) -> None:
     a = claim(1, [result(D0)])
     b = claim(2, [result(D0)])
     admin = claim(3, [result(D0, adminAccess=True)])
     api = FakeApi([a, b, admin])
-    p = preparer(root, api, DEVICES)
+    p = harness.preparer(api)
     assert run(p.prepare([ref(a)]))[uid(1)].error == ""
     got = run(p.prepare([ref(b), ref(admin)]))
     assert got[uid(2)].error == (
@@ -158,35 +160,36 @@ def test_device_held_by_another_claim(root: Path) -> None:
     check_consistent(root)
 
 
-def test_idempotent_without_the_api_and_recreates_a_vanished_spec(root: Path) -> None:
+def test_idempotent_without_the_api_and_recreates_a_vanished_spec(
+    root: Path, harness: Harness
+) -> None:
     c = claim(1, [result(D0), result(D1, request="second")])
     api = FakeApi([c])
-    p = preparer(root, api, DEVICES)
+    p = harness.preparer(api)
     first = run(p.prepare([ref(c)]))
     assert api.gets == 1
     api.claims.clear()  # the API is not needed for a known claim
     spec_path = root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))
     content = spec_path.read_bytes()
-    again = run(preparer(root, api, DEVICES).prepare([ref(c)]))
+    again = run(harness.preparer(api).prepare([ref(c)]))
     assert again == first and api.gets == 1
     spec_path.unlink()
     steps: list[str] = []
-    again = run(preparer(root, api, DEVICES, on_step=steps.append).prepare([ref(c)]))
+    again = run(harness.preparer(api, on_step=steps.append).prepare([ref(c)]))
     assert again == first and steps == ["spec-rerendered"]
     assert spec_path.read_bytes() == content
 
 
-def test_reboot_keeps_claims_and_rerenders_their_specs(root: Path) -> None:
+def test_reboot_keeps_claims_and_rerenders_their_specs(root: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
     api = FakeApi([c])
-    first = run(preparer(root, api, DEVICES, boot="boot-a").prepare([ref(c)]))
+    first = run(harness.preparer(api, boot="boot-a").prepare([ref(c)]))
     # After the reboot the same device came up with other node numbers.
     moved = [replace(intel_device(0), nodes=intel_device(3).nodes)]
     # A spec file left from before the reboot that no checkpoint entry owns.
     orphan = root / "cdi" / cdi.spec_file_name(DRIVER, uid(7))
     orphan.write_text((root / "cdi" / cdi.spec_file_name(DRIVER, uid(1))).read_text())
-    p = preparer(root, api, moved, boot="boot-b")
-    run(p.startup())
+    p = harness.preparer(api, devices=moved, boot="boot-b", started=True)
     assert uid(1) in check_consistent(root)  # kept across the reboot
     assert not orphan.exists()
     got = run(p.prepare([ref(c)]))
@@ -195,11 +198,11 @@ def test_reboot_keeps_claims_and_rerenders_their_specs(root: Path) -> None:
     assert spec["devices"][0]["containerEdits"]["deviceNodes"][0]["path"] == "/dev/dri/card3"
 
 
-def test_unprepare(root: Path) -> None:
+def test_unprepare(root: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
     api = FakeApi([c])
     held: list[set[str]] = []
-    p = preparer(root, api, DEVICES)
+    p = harness.preparer(api)
     p._on_held = held.append
     run(p.prepare([ref(c)]))
     api.claims.clear()  # unprepare never needs the API
@@ -213,12 +216,12 @@ def test_unprepare(root: Path) -> None:
     assert "not a DNS label" in bad["../../etc"]
 
 
-def test_batch_of_50_with_one_bad_claim(root: Path) -> None:
+def test_batch_of_50_with_one_bad_claim(root: Path, harness: Harness) -> None:
     devices = [intel_device(i) for i in range(50)]
     claims = [claim(i, [result(devices[i].name)]) for i in range(50)]
     claims[17]["status"]["allocation"]["devices"]["results"][0]["device"] = "nope"
     api = FakeApi(claims)
-    got = run(preparer(root, api, devices).prepare([ref(c) for c in claims]))
+    got = run(harness.preparer(api, devices=devices).prepare([ref(c) for c in claims]))
     assert len(got) == 50
     assert got[uid(17)].error.endswith(
         "device nope is not published by gpu.intel.com on node mini-1"
@@ -229,10 +232,10 @@ def test_batch_of_50_with_one_bad_claim(root: Path) -> None:
     assert len(check_consistent(root)) == 49
 
 
-def test_startup_undoes_half_done_and_removes_orphans(root: Path) -> None:
+def test_startup_undoes_half_done_and_removes_orphans(root: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
     api = FakeApi([c])
-    run(preparer(root, api, DEVICES).prepare([ref(c)]))
+    run(harness.preparer(api).prepare([ref(c)]))
     cdi_dir = root / "cdi"
     ckpt = Checkpoint(root / "state", DRIVER, boot_id=lambda: "boot-1")
     state = ckpt.load(dict).state
@@ -248,20 +251,19 @@ def test_startup_undoes_half_done_and_removes_orphans(root: Path) -> None:
         o.write_text("{}")
     dead_temp = root / "state" / f".{FILE_NAME}.tmp-dead"
     dead_temp.write_text("{")
-    run(preparer(root, api, DEVICES).startup())
+    run(harness.preparer(api).startup())
     assert not dead_temp.exists()
     for o in others:
         o.unlink()  # not ours: left alone (removed here only for the consistency check)
     assert set(check_consistent(root)) == {uid(1)}
 
 
-def test_corrupt_checkpoint_keeps_prepared_claims(root: Path) -> None:
+def test_corrupt_checkpoint_keeps_prepared_claims(root: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
     api = FakeApi([c])
-    first = run(preparer(root, api, DEVICES).prepare([ref(c)]))
+    first = run(harness.preparer(api).prepare([ref(c)]))
     (root / "state" / FILE_NAME).write_text("{{{ damaged")
-    p = preparer(root, api, DEVICES)
-    run(p.startup())
+    p = harness.preparer(api, started=True)
     assert any(n.name.startswith(f"{FILE_NAME}.corrupt-") for n in (root / "state").iterdir())
     assert set(check_consistent(root)) == {uid(1)}  # not lost, spec kept
     assert p.held == {D0}  # still owns its device
@@ -274,18 +276,18 @@ def test_corrupt_checkpoint_keeps_prepared_claims(root: Path) -> None:
     assert check_consistent(root) == {}
 
 
-def test_spec_version_cap_is_a_per_claim_error(root: Path) -> None:
+def test_spec_version_cap_is_a_per_claim_error(root: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
-    p = preparer(root, FakeApi([c]), DEVICES, options=cdi.CdiOptions(max_version="0.4.0"))
+    p = harness.preparer([c], options=cdi.CdiOptions(max_version="0.4.0"))
     got = run(p.prepare([ref(c)]))
     assert "needs cdiVersion 0.5.0" in got[uid(1)].error
     assert check_consistent(root) == {}
 
 
-def test_nvidia_claim_device_nodes_strategy(root: Path) -> None:
+def test_nvidia_claim_device_nodes_strategy(root: Path, harness: Harness) -> None:
     gpus = [nvidia_device(0, DRIVER), nvidia_device(1, DRIVER)]
     c = claim(1, [result("gpu-0"), result("gpu-1", request="b")])
-    p = preparer(root, FakeApi([c]), gpus, nvidia_strategy="device-nodes")
+    p = harness.preparer([c], devices=gpus, nvidia_strategy="device-nodes")
     got = run(p.prepare([ref(c)]))
     assert [d.cdi_device_ids for d in got[uid(1)].devices] == [
         (cdi_id(uid(1), "gpu-0"),),

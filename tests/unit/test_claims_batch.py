@@ -14,6 +14,7 @@ from dra_plugin.host import files as durable
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
     FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
@@ -88,13 +89,13 @@ def test_concurrent_prepares_share_passes_with_one_journal_sync_each(
     assert len(check_consistent(tmp_path, max_shares=N)) == N
 
 
-def test_answers_match_one_call_carrying_the_same_claims(tmp_path: Path) -> None:
+def test_answers_match_one_call_carrying_the_same_claims(tmp_path: Path, harness: Harness) -> None:
     claims = shared_claims()[:8]
     # Two claims want device 0 exclusively: in call order, the first wins in both cases.
     claims.append(claim(100, [result(DEVICES[0].name)]))
     claims.append(claim(101, [result("no-such-device")]))
-    one = preparer(tmp_path / "one", FakeApi(claims), DEVICES, sharing=Sharing(N))
-    many = preparer(tmp_path / "many", FakeApi(claims), DEVICES, sharing=Sharing(N))
+    one = harness.preparer(claims, root=tmp_path / "one", sharing=Sharing(N))
+    many = harness.preparer(claims, root=tmp_path / "many", sharing=Sharing(N))
     asyncio.run(one.startup())
     asyncio.run(many.startup())
     batched = asyncio.run(one.prepare([ref(c) for c in claims]))
@@ -169,27 +170,29 @@ class SlowApi(FakeApi):
         return await super().get_claim(namespace, name)
 
 
-def test_calls_whose_claim_gets_are_in_flight_join_one_pass(tmp_path: Path) -> None:
+def test_calls_whose_claim_gets_are_in_flight_join_one_pass(
+    tmp_path: Path, harness: Harness
+) -> None:
     """A burst whose GETs finish one after another is prepared in one pass, as one call
     carrying the same claims would be: the pass waits while the GETs keep coming."""
     claims = shared_claims()[:16]
     api = SlowApi(claims)
     for i, c in enumerate(claims):
         api.delay[c["metadata"]["name"]] = 0.002 * i  # a GET ends every 2 ms
-    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(N))
-    asyncio.run(p.startup())
+    p = harness.preparer(api, sharing=Sharing(N), started=True)
     before = p._commit.passes
     answers = asyncio.run(concurrently(p, claims))
     assert p._commit.passes - before == 1
     assert all(a[ref(c).uid].error == "" for a, c in zip(answers, claims, strict=True))
 
 
-def test_a_stalled_claim_get_does_not_hold_the_other_calls(tmp_path: Path) -> None:
+def test_a_stalled_claim_get_does_not_hold_the_other_calls(
+    tmp_path: Path, harness: Harness
+) -> None:
     stalled, quick = shared_claims()[:2]
     api = SlowApi([stalled, quick])
     api.hold[stalled["metadata"]["name"]] = asyncio.Event()
-    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(N))
-    asyncio.run(p.startup())
+    p = harness.preparer(api, sharing=Sharing(N), started=True)
 
     async def main() -> tuple[Any, Any]:
         slow = asyncio.create_task(p.prepare([ref(stalled)]))

@@ -22,6 +22,7 @@ from fakes import fsfaults
 from fakes.claim_harness import (
     DRIVER,
     FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
@@ -146,11 +147,10 @@ def _claim1(**parts: Any) -> dict[str, Any]:
     ],
 )
 def test_a_malformed_claim_fails_alone_naming_the_field(
-    tmp_path: Path, bad: Any, field: str
+    tmp_path: Path, bad: Any, field: str, harness: Harness
 ) -> None:
     api, refs = _good_and(bad)
-    p = preparer(tmp_path, api, DEVICES, device_metadata=True)
-    asyncio.run(p.startup())
+    p = harness.preparer(api, device_metadata=True, started=True)
     got = asyncio.run(p.prepare(refs))
     assert got[uid(2)].error == "" and got[uid(2)].devices
     err = got[uid(1)].error
@@ -208,17 +208,18 @@ def test_any_json_in_any_part_we_read_answers_every_claim(part: str, value: Any)
 
 # --- a lost checkpoint ----------------------------------------------------------------
 @pytest.mark.parametrize("lost", ["snapshot", "snapshot and journal"])
-def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(tmp_path: Path, lost: str) -> None:
+def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(
+    tmp_path: Path, lost: str, harness: Harness
+) -> None:
     first, second = claim(1, [result(D0)]), claim(2, [result(D0)], name="second")
     api = FakeApi([first, second])
-    p = preparer(tmp_path, api, DEVICES)
-    asyncio.run(p.startup())
+    p = harness.preparer(api, started=True)
     assert asyncio.run(p.prepare([ref(first)]))[uid(1)].error == ""
     # kill -9, then the record is lost.
     (tmp_path / "state" / FILE_NAME).unlink()
     if lost != "snapshot":
         (tmp_path / "state" / JOURNAL_NAME).unlink()
-    p = preparer(tmp_path, api, DEVICES)
+    p = harness.preparer(api)
     asyncio.run(p.startup())  # must not collect the claim's spec as an orphan
     assert set(check_consistent(tmp_path)) == {uid(1)}
     assert (tmp_path / "state" / FILE_NAME).exists()
@@ -234,15 +235,14 @@ def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(tmp_path: Path, los
 
 
 # --- directory modes ------------------------------------------------------------------
-def test_directories_get_their_modes_whatever_the_umask(tmp_path: Path) -> None:
+def test_directories_get_their_modes_whatever_the_umask(tmp_path: Path, harness: Harness) -> None:
     old = os.umask(0)
     try:
         make_dir(tmp_path / "plugins" / DRIVER, PRIVATE_DIR_MODE)
         make_dir(tmp_path / "cdi" / "dynamic", SHARED_DIR_MODE)
         server.prepare_socket_path(tmp_path / "registry" / "x.sock")
         c = claim(1, [result(D0)])
-        p = preparer(tmp_path / "p", FakeApi([c]), DEVICES, device_metadata=True)
-        asyncio.run(p.startup())
+        p = harness.preparer([c], root=tmp_path / "p", device_metadata=True, started=True)
         assert asyncio.run(p.prepare([ref(c)]))[uid(1)].error == ""
     finally:
         os.umask(old)

@@ -19,10 +19,10 @@ from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
-    preparer,
     ref,
     result,
     uid,
@@ -48,9 +48,11 @@ def who(i: int) -> str:
     return f"claim default/claim-{i} (uid {uid(i)})"
 
 
-def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) -> None:
+def test_n_shares_then_over_subscription_is_refused_per_claim(
+    tmp_path: Path, harness: Harness
+) -> None:
     claims = [shared(i) for i in range(1, 5)]
-    p = preparer(tmp_path, FakeApi(claims), DEVICES, sharing=Sharing(3))
+    p = harness.preparer(claims, sharing=Sharing(3))
     got = run(p.prepare([ref(c) for c in claims]))
     for i in (1, 2, 3):
         assert got[uid(i)].error == ""
@@ -69,12 +71,14 @@ def test_n_shares_then_over_subscription_is_refused_per_claim(tmp_path: Path) ->
     check_consistent(tmp_path, max_shares=3)
 
 
-def test_consumed_capacity_counts_and_bad_values_are_named(tmp_path: Path) -> None:
+def test_consumed_capacity_counts_and_bad_values_are_named(
+    tmp_path: Path, harness: Harness
+) -> None:
     big = claim(1, [result(D0, shareID=share_id(1), consumedCapacity={"shares": "3"})])
     small = shared(2)
     bad = claim(3, [result(D0, shareID=share_id(3), consumedCapacity={"shares": "500m"})])
     not_uid = claim(4, [result(D0, shareID="../../x")])
-    p = preparer(tmp_path, FakeApi([big, small, bad, not_uid]), DEVICES, sharing=Sharing(4))
+    p = harness.preparer([big, small, bad, not_uid], sharing=Sharing(4))
     got = run(p.prepare([ref(big), ref(small), ref(bad), ref(not_uid)]))
     assert got[uid(1)].error == "" and got[uid(2)].error == ""
     assert "not a whole number" in got[uid(3)].error and got[uid(3)].error.startswith(who(3))
@@ -84,12 +88,14 @@ def test_consumed_capacity_counts_and_bad_values_are_named(tmp_path: Path) -> No
     assert "4 are held by 2 claim(s)" in run(p.prepare([ref(over)]))[uid(5)].error
 
 
-def test_random_unprepare_order_device_free_only_after_the_last_share(tmp_path: Path) -> None:
+def test_random_unprepare_order_device_free_only_after_the_last_share(
+    tmp_path: Path, harness: Harness
+) -> None:
     rng = random.Random(7)
     shares = [shared(i) for i in range(1, 9)]
     exclusive = claim(20, [result(D0)])
     api = FakeApi([*shares, exclusive])
-    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(8))
+    p = harness.preparer(api, sharing=Sharing(8))
     assert all(not r.error for r in run(p.prepare([ref(c) for c in shares])).values())
     order = list(shares)
     rng.shuffle(order)
@@ -109,9 +115,9 @@ def test_random_unprepare_order_device_free_only_after_the_last_share(tmp_path: 
     )
 
 
-def test_share_on_an_exclusive_driver_is_refused(tmp_path: Path) -> None:
+def test_share_on_an_exclusive_driver_is_refused(tmp_path: Path, harness: Harness) -> None:
     c = shared(1)
-    got = run(preparer(tmp_path, FakeApi([c]), DEVICES).prepare([ref(c)]))
+    got = run(harness.preparer([c]).prepare([ref(c)]))
     assert got[uid(1)].error == (
         f"{who(1)}: device {D0} was allocated as a share (shareID {share_id(1)}), but this "
         "driver publishes its devices for exclusive use (sharing mode exclusive); delete and "
@@ -119,7 +125,7 @@ def test_share_on_an_exclusive_driver_is_refused(tmp_path: Path) -> None:
     )
 
 
-def test_two_shares_of_one_device_in_one_claim(tmp_path: Path) -> None:
+def test_two_shares_of_one_device_in_one_claim(tmp_path: Path, harness: Harness) -> None:
     c = claim(
         1,
         [
@@ -127,7 +133,7 @@ def test_two_shares_of_one_device_in_one_claim(tmp_path: Path) -> None:
             result(D0, request="b", shareID=share_id(2)),
         ],
     )
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, sharing=Sharing(2))
+    p = harness.preparer([c], sharing=Sharing(2))
     got = run(p.prepare([ref(c)]))[uid(1)]
     assert got.error == ""
     assert [(d.request_names, d.share_id) for d in got.devices] == [
@@ -143,7 +149,7 @@ def test_two_shares_of_one_device_in_one_claim(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sharing", [None, Sharing(8)])
 def test_prioritized_list_subrequests_return_the_main_request(
-    tmp_path: Path, sharing: Sharing | None
+    tmp_path: Path, sharing: Sharing | None, harness: Harness
 ) -> None:
     extra = {"shareID": share_id(1)} if sharing else {}
     c = claim(
@@ -154,7 +160,7 @@ def test_prioritized_list_subrequests_return_the_main_request(
             result("gpu-0", request="gpu/nvidia", driver="gpu.nvidia.com"),
         ],
     )
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, sharing=sharing)
+    p = harness.preparer([c], sharing=sharing)
     got = run(p.prepare([ref(c)]))[uid(1)]
     assert got.error == ""
     assert [(d.device_name, d.request_names) for d in got.devices] == [
@@ -176,11 +182,12 @@ def _recovered(i: int, device: str = D0) -> ClaimRecord:
 
 def test_a_recovered_holder_of_unknown_use_blocks_new_claims_but_not_its_peers(
     tmp_path: Path,
+    harness: Harness,
 ) -> None:
     first, second, third, excl = shared(1), shared(2), shared(3), claim(4, [result(D0)])
     fifth = shared(5)
     api = FakeApi([first, second, third, excl, fifth])
-    p = preparer(tmp_path, api, DEVICES, sharing=Sharing(3))
+    p = harness.preparer(api, sharing=Sharing(3))
     Checkpoint(tmp_path / "state", DRIVER, boot_id=lambda: "boot-1").put(
         [_recovered(1), _recovered(2)]
     )
@@ -202,7 +209,9 @@ def test_a_recovered_holder_of_unknown_use_blocks_new_claims_but_not_its_peers(
     check_consistent(tmp_path)
 
 
-def test_a_refused_claim_holds_no_shares_for_the_rest_of_the_call(tmp_path: Path) -> None:
+def test_a_refused_claim_holds_no_shares_for_the_rest_of_the_call(
+    tmp_path: Path, harness: Harness
+) -> None:
     # Claim 1 takes both shares of D0, then fails on a device we do not publish: in the
     # same kubelet call, claim 2 must still get its share of D0.
     broken = claim(
@@ -212,7 +221,7 @@ def test_a_refused_claim_holds_no_shares_for_the_rest_of_the_call(tmp_path: Path
             result("0000-00-09-0-0x7d55", request="other", shareID=share_id(9)),
         ],
     )
-    p = preparer(tmp_path, FakeApi([broken, shared(2)]), DEVICES, sharing=Sharing(2))
+    p = harness.preparer([broken, shared(2)], sharing=Sharing(2))
     got = run(p.prepare([ref(broken), ref(shared(2))]))
     assert "is not published" in got[uid(1)].error
     assert got[uid(2)].error == ""

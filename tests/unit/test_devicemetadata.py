@@ -32,10 +32,10 @@ from fakes.claim_harness import (
     DRIVER,
     NODE,
     FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
-    preparer,
     ref,
     result,
     uid,
@@ -92,9 +92,9 @@ def spec_file(root: Path, request: str, u: str = U) -> Path:
     return root / "cdi" / f"{DRIVER}_metadata_{u}_{request}.json"
 
 
-def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
+def test_files_and_answer_are_the_librarys(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0), result(D1), result(D2, request="second")], name="gpu-claim")
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    p = harness.preparer([c], device_metadata=True)
     got = run(p.prepare([ref(c)]))[U]
     assert got.error == ""
     # The metadata ID goes with the first device of each request, after its own IDs.
@@ -170,14 +170,14 @@ def test_files_and_answer_are_the_librarys(tmp_path: Path) -> None:
     # Recorded, so a known claim answers the same without the API.
     meta = recorded(tmp_path).claims[U].device_metadata
     assert meta is not None and meta["requests"][0]["cdiId"] == f"{DRIVER}/metadata={U}_gpu"
-    assert run(preparer(tmp_path, FakeApi(), DEVICES).prepare([ref(c)]))[U] == got
+    assert run(harness.preparer().prepare([ref(c)]))[U] == got
     check_consistent(tmp_path)
 
 
-def test_template_claim_and_subrequest(tmp_path: Path) -> None:
+def test_template_claim_and_subrequest(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0, request="gpu/large")], name="pod-gpu-x7k2p")
     c["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "accel"}
-    got = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    got = run(harness.preparer([c], device_metadata=True).prepare([ref(c)]))
     assert got[U].devices[0].request_names == ("gpu",)
     assert got[U].devices[0].cdi_device_ids[-1] == f"{DRIVER}/metadata={U}_gpu"
     host = host_file(tmp_path, "default", "pod-gpu-x7k2p", "gpu")  # the real claim name
@@ -194,12 +194,10 @@ def test_template_claim_and_subrequest(tmp_path: Path) -> None:
     )
 
 
-def test_off_changes_nothing(tmp_path: Path) -> None:
+def test_off_changes_nothing(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0), result(D1), result(D2, request="second")])
-    off = run(preparer(tmp_path / "off", FakeApi([c]), DEVICES).prepare([ref(c)]))[U]
-    on = run(
-        preparer(tmp_path / "on", FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)])
-    )[U]
+    off = run(harness.preparer([c], root=tmp_path / "off").prepare([ref(c)]))[U]
+    on = run(harness.preparer([c], root=tmp_path / "on", device_metadata=True).prepare([ref(c)]))[U]
     # Today's answer: our claim spec's IDs only.
     assert off.devices == tuple(
         PreparedDevice((r,), NODE, d, (claim_id(d),))
@@ -224,10 +222,10 @@ def test_off_changes_nothing(tmp_path: Path) -> None:
     assert b"deviceMetadata" not in stored_bytes(tmp_path / "off")
 
 
-def test_unprepare_removes_everything(tmp_path: Path) -> None:
+def test_unprepare_removes_everything(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0), result(D1, request="second")])
     api = FakeApi([c])
-    p = preparer(tmp_path, api, DEVICES, device_metadata=True)
+    p = harness.preparer(api, device_metadata=True)
     run(p.prepare([ref(c)]))
     assert run(p.unprepare([ref(c)])) == {U: ""}
     assert list((tmp_path / "cdi").iterdir()) == []
@@ -240,10 +238,10 @@ def test_unprepare_removes_everything(tmp_path: Path) -> None:
 
 
 def test_a_file_where_the_metadata_dir_belongs_is_replaced(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, harness: Harness
 ) -> None:
     c = claim(1, [result(D0)])
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    p = harness.preparer([c], device_metadata=True)
     meta_dir(tmp_path).parent.mkdir(parents=True, exist_ok=True)
     meta_dir(tmp_path).write_text("not a directory")
     got = run(p.prepare([ref(c)]))[U]
@@ -253,11 +251,11 @@ def test_a_file_where_the_metadata_dir_belongs_is_replaced(
 
 
 def test_write_failure_prepares_without_metadata(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, harness: Harness
 ) -> None:
     """As the library: metadata that cannot be written is logged, the claim still works."""
     c = claim(1, [result(D0)])
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    p = harness.preparer([c], device_metadata=True)
 
     def disk_full(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = True) -> None:
         raise OSError(28, "No space left on device")
@@ -270,24 +268,26 @@ def test_write_failure_prepares_without_metadata(
     assert recorded(tmp_path).claims[U].device_metadata is None
 
 
-def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path) -> None:
+def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
-    first = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    first = run(harness.preparer([c], device_metadata=True).prepare([ref(c)]))
     content = spec_file(tmp_path, "gpu").read_bytes()
     spec_file(tmp_path, "gpu").unlink()  # e.g. a CDI root on tmpfs after a reboot
     host_file(tmp_path, "default", "claim-1", "gpu").unlink()
     steps: list[str] = []
-    p = preparer(tmp_path, FakeApi(), DEVICES, device_metadata=True, on_step=steps.append)
+    p = harness.preparer(device_metadata=True, on_step=steps.append)
     assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
     assert spec_file(tmp_path, "gpu").read_bytes() == content
     assert host_file(tmp_path, "default", "claim-1", "gpu").is_file()
 
 
-def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(tmp_path: Path) -> None:
+def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(
+    tmp_path: Path, harness: Harness
+) -> None:
     """A file an older plugin wrote (v1alpha1 alone) is brought to today's stream when the
     kubelet prepares the claim again, as are torn or foreign streams."""
     c = claim(1, [result(D0)])
-    first = run(preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True).prepare([ref(c)]))
+    first = run(harness.preparer([c], device_metadata=True).prepare([ref(c)]))
     host = host_file(tmp_path, "default", "claim-1", "gpu")
     content = host.read_bytes()
     beta, alpha = stream(host)
@@ -304,16 +304,16 @@ def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(tmp_path: Path) ->
     ):
         host.write_bytes(old)
         steps: list[str] = []
-        p = preparer(tmp_path, FakeApi(), DEVICES, device_metadata=True, on_step=steps.append)
+        p = harness.preparer(device_metadata=True, on_step=steps.append)
         assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
         assert host.read_bytes() == content
 
 
-def test_crash_and_startup_gc(tmp_path: Path) -> None:
+def test_crash_and_startup_gc(tmp_path: Path, harness: Harness) -> None:
     keep = claim(1, [result(D0)])
     half = claim(2, [result(D1)])
     api = FakeApi([keep, half])
-    run(preparer(tmp_path, api, DEVICES, device_metadata=True).prepare([ref(keep), ref(half)]))
+    run(harness.preparer(api, device_metadata=True).prepare([ref(keep), ref(half)]))
     # Claim 2 as a process killed mid-prepare leaves it: recorded `started`, files written.
     ckpt = Checkpoint(tmp_path / "state", DRIVER, boot_id=lambda: "boot-1")
     state = ckpt.load(dict).state
@@ -329,7 +329,7 @@ def test_crash_and_startup_gc(tmp_path: Path) -> None:
     temp.write_text("{")
     other = tmp_path / "cdi" / "gpu.nvidia.com_metadata_x_gpu.json"  # not ours
     other.write_text("{}")
-    run(preparer(tmp_path, api, DEVICES, device_metadata=True).startup())
+    run(harness.preparer(api, device_metadata=True).startup())
     # Its CDI spec and the record beside it were written whole: kept as prepared (a journal
     # cut short looks the same; the kubelet prepares it again or unprepares it).
     assert spec_file(tmp_path, "gpu", uid(2)).exists()
@@ -342,8 +342,7 @@ def test_crash_and_startup_gc(tmp_path: Path) -> None:
     assert host_file(tmp_path, "default", "claim-1", "gpu").exists()
     assert set(check_consistent(tmp_path)) == {uid(1), uid(2)}
     # Switched off later: recorded files stay until their claim is unprepared.
-    p = preparer(tmp_path, api, DEVICES)
-    run(p.startup())
+    p = harness.preparer(api, started=True)
     assert spec_file(tmp_path, "gpu").exists()
     assert run(p.unprepare([ref(keep)])) == {uid(1): ""}
     assert not spec_file(tmp_path, "gpu").exists()
@@ -383,7 +382,7 @@ def test_go_json_escapes_like_encoding_json(text: str) -> None:
     assert json.loads(out) == {"k": text}
 
 
-def test_old_checkpoint_entries_load_without_metadata(tmp_path: Path) -> None:
+def test_old_checkpoint_entries_load_without_metadata(tmp_path: Path, harness: Harness) -> None:
     c = claim(1, [result(D0)])
-    run(preparer(tmp_path, FakeApi([c]), DEVICES).prepare([ref(c)]))
+    run(harness.preparer([c]).prepare([ref(c)]))
     assert recorded(tmp_path).claims[U].device_metadata is None

@@ -17,7 +17,7 @@ from dra_plugin.cdi.rules import valid_device_name
 from dra_plugin.claims.contract import ClaimRef, check_ref
 from dra_plugin.devices import is_dns_label, is_dns_subdomain
 from dra_plugin.sharing import is_share_id
-from fakes.claim_harness import FakeApi, claim, intel_device, preparer, ref, result, uid
+from fakes.claim_harness import Harness, claim, intel_device, ref, result, uid
 
 BAD = {
     "trailing newline": "gpu\n",
@@ -71,11 +71,11 @@ def test_every_name_check_refuses(bad: str) -> None:
 
 @pytest.mark.parametrize("bad", ["gpu\n", "GPU", "g.pu", "gpu\u0430"])
 def test_a_request_name_that_is_not_a_label_fails_its_claim_with_metadata_on(
-    tmp_path: Path, bad: str
+    tmp_path: Path, bad: str, harness: Harness
 ) -> None:
     dev = intel_device(0)
     odd, fine = claim(1, [result(dev.name, request=bad)]), claim(2, [result(intel_device(1).name)])
-    p = preparer(tmp_path, FakeApi([odd, fine]), [dev, intel_device(1)], device_metadata=True)
+    p = harness.preparer([odd, fine], devices=[dev, intel_device(1)], device_metadata=True)
     got = asyncio.run(p.prepare([ref(odd), ref(fine)]))
     assert got[uid(1)].error.startswith(f"claim default/claim-1 (uid {uid(1)}): ")
     assert repr(bad.split("/")[0]) in got[uid(1)].error
@@ -89,20 +89,22 @@ def test_a_request_name_that_is_not_a_label_fails_its_claim_with_metadata_on(
 
 @pytest.mark.parametrize("bad", ["gpu\n", "a/b/c", "../x", "gpu\u0430", ""])
 def test_a_request_name_that_is_not_a_request_fails_its_claim_with_metadata_off(
-    tmp_path: Path, bad: str
+    tmp_path: Path, bad: str, harness: Harness
 ) -> None:
     """The request name is echoed to the kubelet, which matches containers by it."""
     dev = intel_device(0)
     odd = claim(1, [result(dev.name, request=bad)])
-    got = asyncio.run(preparer(tmp_path, FakeApi([odd]), [dev]).prepare([ref(odd)]))[uid(1)]
+    got = asyncio.run(harness.preparer([odd], devices=[dev]).prepare([ref(odd)]))[uid(1)]
     assert got.error.startswith(f"claim default/claim-1 (uid {uid(1)}): device {dev.name}: ")
     assert "is not a DNS label (or label/label)" in got.error
 
 
-def test_a_pod_claim_annotation_that_is_not_a_name_fails_its_claim(tmp_path: Path) -> None:
+def test_a_pod_claim_annotation_that_is_not_a_name_fails_its_claim(
+    tmp_path: Path, harness: Harness
+) -> None:
     dev = intel_device(0)
     odd = claim(1, [result(dev.name)])
     odd["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "../../etc"}
-    p = preparer(tmp_path, FakeApi([odd]), [dev], device_metadata=True)
+    p = harness.preparer([odd], devices=[dev], device_metadata=True)
     got = asyncio.run(p.prepare([ref(odd)]))[uid(1)]
     assert "pod-claim-name='../../etc' is not a name" in got.error, got.error

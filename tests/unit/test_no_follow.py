@@ -14,11 +14,10 @@ from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME, LOCK_NAME
 from dra_plugin.claims import devicemetadata as dm
 from fakes.claim_harness import (
     DRIVER,
-    FakeApi,
+    Harness,
     check_consistent,
     claim,
     intel_device,
-    preparer,
     ref,
     result,
     uid,
@@ -55,10 +54,14 @@ def _meta_dir(root: Path) -> Path:
 
 @pytest.mark.parametrize("metadata", [False, True], ids=["metadata-off", "metadata-on"])
 def test_a_link_as_the_metadata_dir_is_removed_not_followed(
-    tmp_path: Path, untouched: Path, metadata: bool, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    untouched: Path,
+    metadata: bool,
+    caplog: pytest.LogCaptureFixture,
+    harness: Harness,
 ) -> None:
     c = claim(1, [result(D0)])
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=metadata)
+    p = harness.preparer([c], device_metadata=metadata)
     _meta_dir(tmp_path).symlink_to(untouched, target_is_directory=True)
     run(p.startup())  # must neither delete the target's contents nor fail
     assert not _meta_dir(tmp_path).is_symlink()
@@ -70,10 +73,10 @@ def test_a_link_as_the_metadata_dir_is_removed_not_followed(
 
 
 def test_links_inside_the_metadata_dir_are_removed_and_repaired(
-    tmp_path: Path, untouched: Path
+    tmp_path: Path, untouched: Path, harness: Harness
 ) -> None:
     c = claim(1, [result(D0)])
-    p = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
+    p = harness.preparer([c], device_metadata=True)
     assert run(p.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     claim_dir = _meta_dir(tmp_path) / "default_claim-1"
     # The request's file becomes a link to a victim file, and a second claim dir a link.
@@ -81,8 +84,7 @@ def test_links_inside_the_metadata_dir_are_removed_and_repaired(
     (claim_dir / "gpu" / dm.FILE_NAME).symlink_to(untouched / "sub" / "metadata.json")
     (_meta_dir(tmp_path) / "default_other").symlink_to(untouched, target_is_directory=True)
     (_meta_dir(tmp_path) / "stray-file").write_text("x")
-    q = preparer(tmp_path, FakeApi([c]), DEVICES, device_metadata=True)
-    run(q.startup())
+    q = harness.preparer([c], device_metadata=True, started=True)
     assert not (_meta_dir(tmp_path) / "default_other").exists()
     assert not (_meta_dir(tmp_path) / "stray-file").exists()
     # The kubelet's re-prepare writes the file again, as a file.
@@ -93,17 +95,18 @@ def test_links_inside_the_metadata_dir_are_removed_and_repaired(
     assert not claim_dir.exists()
 
 
-def test_a_link_named_like_our_spec_file_is_never_followed(tmp_path: Path, untouched: Path) -> None:
+def test_a_link_named_like_our_spec_file_is_never_followed(
+    tmp_path: Path, untouched: Path, harness: Harness
+) -> None:
     c, orphan = claim(1, [result(D0)]), claim(2, [result(D1)])
-    p = preparer(tmp_path, FakeApi([c, orphan]), DEVICES)
+    p = harness.preparer([c, orphan])
     assert run(p.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     spec = tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(1))
     spec.unlink()
     spec.symlink_to(untouched / "precious")
     stray = tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(2))
     stray.symlink_to(untouched / "precious")
-    q = preparer(tmp_path, FakeApi([c, orphan]), DEVICES)
-    run(q.startup())
+    q = harness.preparer([c, orphan], started=True)
     assert not stray.is_symlink() and not stray.exists()  # no record: the link goes
     # The kubelet's re-prepare writes a real spec in the link's place.
     assert run(q.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
@@ -112,9 +115,9 @@ def test_a_link_named_like_our_spec_file_is_never_followed(tmp_path: Path, untou
     assert not spec.exists()
 
 
-def test_a_directory_where_our_spec_file_belongs(tmp_path: Path) -> None:
+def test_a_directory_where_our_spec_file_belongs(tmp_path: Path, harness: Harness) -> None:
     c, orphan = claim(1, [result(D0)]), claim(2, [result(D1)])
-    p = preparer(tmp_path, FakeApi([c, orphan]), DEVICES)
+    p = harness.preparer([c, orphan])
     (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(1)) / "x").mkdir(parents=True)
     (tmp_path / "cdi" / cdi.spec_file_name(DRIVER, uid(2)) / "y").mkdir(parents=True)
     run(p.startup())  # the one without a record goes
@@ -126,16 +129,15 @@ def test_a_directory_where_our_spec_file_belongs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", [FILE_NAME, JOURNAL_NAME, LOCK_NAME])
 def test_a_link_in_place_of_a_checkpoint_file_is_not_followed(
-    tmp_path: Path, untouched: Path, name: str
+    tmp_path: Path, untouched: Path, name: str, harness: Harness
 ) -> None:
     c, other = claim(1, [result(D0)]), claim(2, [result(D0)])
-    p = preparer(tmp_path, FakeApi([c, other]), DEVICES)
+    p = harness.preparer([c, other])
     assert run(p.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     path = tmp_path / "state" / name
     path.unlink()
     path.symlink_to(untouched / "precious")
-    q = preparer(tmp_path, FakeApi([c, other]), DEVICES)
-    run(q.startup())
+    q = harness.preparer([c, other], started=True)
     # The claim is still held: its re-prepare answers, a second claim of D0 is refused.
     assert run(q.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     assert "already prepared" in run(q.prepare([ref(other)]))[uid(2)].error  # type: ignore[index]

@@ -14,7 +14,7 @@ import pytest
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
-from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
+from fakes.claim_harness import DRIVER, Harness, claim, intel_device, ref, result
 
 DEVICES = [intel_device(i) for i in range(4)]
 
@@ -56,11 +56,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
 
 @pytest.mark.parametrize("claims", [1, 3])
 def test_a_prepare_writes_spec_and_record_in_one_step(
-    tmp_path: Path, calls: list[tuple[str, str]], claims: int
+    tmp_path: Path, calls: list[tuple[str, str]], claims: int, harness: Harness
 ) -> None:
     objs = [claim(i, [result(DEVICES[i].name)]) for i in range(claims + 1)]
-    p = preparer(tmp_path, FakeApi(objs), DEVICES)
-    asyncio.run(p.startup())
+    p = harness.preparer(objs, started=True)
     first = asyncio.run(p.prepare([ref(objs[claims])]))  # the journal's first line: a new file
     assert all(not r.error for r in first.values())
     calls.clear()

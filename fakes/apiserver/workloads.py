@@ -1,7 +1,7 @@
 """Deployments (apps/v1) and Pod lists by label in the fake API server: what the plugin's
 MPS control daemons need (kubeapi/workloads.py). The tests' node (fakes/mps_node.py) plays
 the kubelet and the Deployment controller: it runs a Deployment's pod and writes the
-status they would write. Routed from apiserver_objects.route."""
+status they would write. Routed from objects.route."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fakes.apiserver import FakeAPIServer
+    from fakes.apiserver.server import FakeAPIServer
 
 Obj = dict[str, Any]
 _DEPLOYMENTS_RE = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
@@ -19,7 +19,7 @@ _PODS_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
 
 
 def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
-    from fakes.apiserver_objects import status_body
+    from fakes.apiserver.errors import status_body
 
     return code, status_body(code, reason, message)
 

@@ -4,7 +4,7 @@
 own, waits for /readyz and hands back an `ApiServer`: its URL, CA file and admin token, a
 small admin client (`request`, `create`, `get`, ...), `restart()` and `stop()`. The
 plugin's identity on it (the chart's RBAC and policies, a node, a token, a kubeconfig)
-comes from chart_identity.py.
+comes from tests/judges/chart_identity.py.
 
 The admin client is plain urllib over the server's CA: the plugin's client is the one
 under test, so setup goes around it.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from tests.judges import build
+from fakes.judges import build
 
 Obj = dict[str, Any]
 START_TIMEOUT_S = 300.0  # a loaded 2-core CI machine: etcd, then every API group's storage

@@ -129,7 +129,7 @@ def build() -> Built:
 
 
 if __name__ == "__main__":
-    # `python -m tests.judges.build`: .ci/setup builds the judges before the tests run, so
+    # `python -m fakes.judges.build`: .ci/setup builds the judges before the tests run, so
     # a fresh machine's module download and build are not inside a test's time limit.
     built = build()
     print(f"judges built: {built.dir} ({built.seconds:.0f} s; 0 = already built for this key)")

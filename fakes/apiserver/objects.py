@@ -3,8 +3,8 @@
 The scheduler's allocator (tests/judges/allocator.py) lists DeviceClasses and every
 claim; the kubelet judge (tests/judges/kubelet.py) gets Pods and, as the kubelet does
 at its start and after a driver stays away, deletes a node's ResourceSlices with one
-DELETE on the collection (fieldSelector spec.nodeName=..., spec.driver=...). Kept out of
-apiserver.py, which routes here first (`route`).
+DELETE on the collection (fieldSelector spec.nodeName=..., spec.driver=...). The handler
+(handler.py) routes here first (`route`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from fakes import apiserver_workloads
+from fakes.apiserver import workloads
+from fakes.apiserver.errors import status_body
 
 if TYPE_CHECKING:
-    from fakes.apiserver import FakeAPIServer
+    from fakes.apiserver.server import FakeAPIServer
 
 Obj = dict[str, Any]
 _PODS_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
@@ -32,23 +33,7 @@ class Objects:
     def __init__(self) -> None:
         self.pods: dict[tuple[str, str], Obj] = {}
         self.classes: dict[str, Obj] = {}
-        self.deployments: dict[tuple[str, str], Obj] = {}  # apiserver_workloads.py
-
-
-def status_body(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
-    """A `Status` as the API server answers a failure (apiserver.py answers with it too)."""
-    body: Obj = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        body["details"] = details
-    return body
+        self.deployments: dict[tuple[str, str], Obj] = {}  # workloads.py
 
 
 def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
@@ -91,7 +76,7 @@ def route(
 ) -> tuple[int, Obj] | None:
     """(status, body) for the paths this module serves; None for all others."""
     objects: Objects = st.objects
-    if (served := apiserver_workloads.route(st, method, path, query, body)) is not None:
+    if (served := workloads.route(st, method, path, query, body)) is not None:
         return served
     if path == _SLICES and method == "DELETE":
         selector = query.get("fieldSelector", "")

@@ -1,0 +1,246 @@
+"""ResourceSlices in the fake API server: the stored slices, their writes in the real
+server's order (decode, drop gated fields, validate, canonical quantities, store) and the
+event history watches read."""
+
+from __future__ import annotations
+
+import copy
+import random
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from fakes.apiserver import quantities, slice_fields
+from fakes.apiserver.convert import now, slice_from_v1, slice_to_v1
+from fakes.apiserver.errors import GROUP, HTTPError, not_found, slice_details
+from fakes.apiserver.slice_rules import validate_slice
+
+Obj = dict[str, Any]
+
+
+class SliceStore:
+    """FakeAPIServer's slices (a mixin: the server's __init__ sets these attributes)."""
+
+    lock: threading.Condition
+    rv: int
+    slices: dict[str, Obj]
+    events: list[tuple[int, str, Obj]]  # (rv, type, v1 object)
+    history: int
+    oldest_rv: int
+    invalid: list[tuple[str, list[tuple[str, str]]]]  # rejected writes
+    _next_rv: Callable[[], str]
+    slice_gates: Callable[[], slice_fields.SliceGates]
+
+    def list_stored_slices(self) -> list[Obj]:
+        """Stored slices (v1 shape), for assertions."""
+        with self.lock:
+            return [copy.deepcopy(s) for s in self.slices.values()]
+
+    def delete_all_slices(self, node: str | None = None) -> int:
+        """What the kubelet does at its start: delete every slice of the node."""
+        with self.lock:
+            names = [
+                n
+                for n, s in self.slices.items()
+                if node is None or s["spec"].get("nodeName") == node
+            ]
+            for name in names:
+                self._delete(name)
+        return len(names)
+
+    def edit_slice(self, name: str, mutate: Any) -> Obj:
+        """Someone else changes a stored slice: `mutate(obj)` edits it in place."""
+        with self.lock:
+            obj = copy.deepcopy(self.slices[name])
+            mutate(obj)
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            self.slices[name] = obj
+            self._event("MODIFIED", obj)
+            return copy.deepcopy(obj)
+
+    def compact(self) -> None:
+        """Forget the event history: watches resuming from older versions get 410."""
+        with self.lock:
+            self.events.clear()
+            self.oldest_rv = self.rv
+
+    def _event(self, etype: str, obj: Obj) -> None:
+        self.events.append((int(obj["metadata"]["resourceVersion"]), etype, copy.deepcopy(obj)))
+        if len(self.events) > self.history:
+            drop = len(self.events) - self.history
+            self.oldest_rv = self.events[drop - 1][0] + 1
+            del self.events[:drop]
+        self.lock.notify_all()
+
+    def _delete(self, name: str) -> Obj:
+        obj = self.slices.pop(name)
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
+        self._event("DELETED", obj)
+        return obj
+
+    def create_slice(
+        self,
+        version: str,
+        body: Obj,
+        *,
+        dry_run: bool = False,
+        field_validation: str | None = None,
+        warnings: list[str] | None = None,
+    ) -> Obj:
+        if body.get("kind", "ResourceSlice") != "ResourceSlice":
+            raise HTTPError(400, "BadRequest", f"kind {body.get('kind')!r} is not ResourceSlice")
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name") or ""
+        if not name:
+            prefix = meta.get("generateName") or ""
+            if not prefix:
+                raise HTTPError(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name or generateName is required",
+                    slice_details("", [("metadata.name", "Required value")]),
+                )
+            # Like the real server: generateName is cut to 58 chars, 5 random chars follow.
+            alphabet = "bcdfghjklmnpqrstvwxz2456789"
+            name = prefix[:58] + "".join(random.choices(alphabet, k=5))
+            meta["name"] = name
+        self._prepare(version, body, None, field_validation, warnings)
+        self._validate(version, body, name)
+        quantities.canonicalize(body.get("spec") or {}, version)
+        obj = slice_to_v1(body, version)
+        obj["apiVersion"] = f"{GROUP}/v1"
+        obj["kind"] = "ResourceSlice"
+        stamp = now()
+        _stamp_taints(obj, stamp)
+        with self.lock:
+            if name in self.slices:
+                raise HTTPError(
+                    409,
+                    "AlreadyExists",
+                    f'resourceslices.{GROUP} "{name}" already exists',
+                    {"name": name, "group": GROUP, "kind": "resourceslices"},
+                )
+            m = obj["metadata"]
+            if dry_run:
+                # dryRun=All: admitted, defaulted and stripped like a create, never stored.
+                m.update(uid=str(uuid.uuid4()), creationTimestamp=stamp, generation=1)
+                return slice_from_v1(obj, version)
+            m.update(
+                uid=str(uuid.uuid4()),
+                resourceVersion=self._next_rv(),
+                creationTimestamp=stamp,
+                generation=1,
+            )
+            self.slices[name] = obj
+            self._event("ADDED", obj)
+            return slice_from_v1(obj, version)
+
+    def update_slice(
+        self,
+        version: str,
+        name: str,
+        body: Obj,
+        *,
+        field_validation: str | None = None,
+        warnings: list[str] | None = None,
+    ) -> Obj:
+        meta = body.get("metadata") or {}
+        if meta.get("name") != name:
+            raise HTTPError(
+                400,
+                "BadRequest",
+                "the name of the object "
+                f"({meta.get('name')}) does not match the name on the URL ({name})",
+            )
+        with self.lock:
+            stored = self.slices.get(name)
+            old = slice_from_v1(stored, version)["spec"] if stored else None
+        self._prepare(version, body, old, field_validation, warnings)
+        self._validate(version, body, name)
+        quantities.canonicalize(body.get("spec") or {}, version)
+        obj = slice_to_v1(body, version)
+        obj["apiVersion"] = f"{GROUP}/v1"
+        obj["kind"] = "ResourceSlice"
+        with self.lock:
+            cur = self.slices.get(name)
+            if cur is None:
+                raise not_found(name)
+            want = meta.get("resourceVersion")
+            if want and want != cur["metadata"]["resourceVersion"]:
+                raise HTTPError(
+                    409,
+                    "Conflict",
+                    f"Operation cannot be fulfilled on "
+                    f'resourceslices.{GROUP} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version "
+                    "and try again",
+                    {"name": name, "group": GROUP, "kind": "resourceslices"},
+                )
+            for field in ("driver", "nodeName"):
+                if obj["spec"].get(field) != cur["spec"].get(field):
+                    raise HTTPError(
+                        422,
+                        "Invalid",
+                        f"spec.{field}: Invalid value: field is immutable",
+                        slice_details(name, [(f"spec.{field}", "field is immutable")]),
+                    )
+            if obj["spec"]["pool"].get("name") != cur["spec"]["pool"].get("name"):
+                raise HTTPError(
+                    422,
+                    "Invalid",
+                    "spec.pool.name: Invalid value: field is immutable",
+                    slice_details(name, [("spec.pool.name", "field is immutable")]),
+                )
+            _stamp_taints(obj, now())
+            m = obj["metadata"]
+            old = cur["metadata"]
+            for keep in ("uid", "creationTimestamp", "generation"):
+                m[keep] = old.get(keep)
+            if obj["spec"] != cur["spec"]:
+                m["generation"] = int(old.get("generation", 1)) + 1
+            m["resourceVersion"] = self._next_rv()
+            self.slices[name] = obj
+            self._event("MODIFIED", obj)
+            return slice_from_v1(obj, version)
+
+    def _prepare(
+        self,
+        version: str,
+        body: Obj,
+        old_spec: Obj | None,
+        field_validation: str | None,
+        warnings: list[str] | None,
+    ) -> None:
+        """Decode (unknown fields) and drop gated fields, as the server does before it
+        validates; the Warning texts go to `warnings`."""
+        try:
+            said = slice_fields.decode(body, version, field_validation)
+        except slice_fields.StrictDecodingError as exc:
+            raise HTTPError(400, "BadRequest", str(exc)) from None
+        if warnings is not None:
+            warnings.extend(said)
+        spec = body.get("spec")
+        if isinstance(spec, dict):
+            slice_fields.drop_gated(spec, old_spec, version, self.slice_gates())
+
+    def _validate(self, version: str, body: Obj, name: str) -> None:
+        errs = validate_slice(body, version)
+        if errs:
+            with self.lock:
+                self.invalid.append((name, errs))
+            message = f'ResourceSlice.{GROUP} "{name}" is invalid: ' + ", ".join(
+                f"{f}: {m}" for f, m in errs
+            )
+            unknown = [e for e in errs if "unknown field" in e[1]]
+            if unknown and len(unknown) == len(errs):
+                raise HTTPError(400, "BadRequest", f"strict decoding error: {message}")
+            raise HTTPError(422, "Invalid", message, slice_details(name, errs))
+
+
+def _stamp_taints(obj: Obj, now: str) -> None:
+    # The server fills in taint.timeAdded when a client leaves it out.
+    for dev in obj.get("spec", {}).get("devices") or []:
+        for taint in dev.get("taints") or []:
+            taint.setdefault("timeAdded", now)
