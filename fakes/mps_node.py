@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fakes import mounts
+from fakes import mounts, nvidia_smi
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -44,20 +44,19 @@ class MpsWorld:
     root: Path
     driver_root: Path
     gpus: dict[str, int]  # uuid -> memory bytes
+    smi: nvidia_smi.SmiStandIn
     env: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def smi_state(self) -> Path:
-        return self.root / "smi-state.json"
-
     def modes(self) -> dict[str, str]:
-        state: dict[str, str] = json.loads(self.smi_state.read_text())
-        return state
+        """GPU UUID -> compute mode as `nvidia-smi -c` spells it (DEFAULT, EXCLUSIVE_PROCESS)."""
+        gpus = self.smi.state()["gpus"]
+        return {u: str(g["compute_mode"]).upper() for u, g in gpus.items()}
 
     def set_mode(self, uuid: str, mode: str) -> None:
-        state = self.modes()
-        state[uuid] = mode
-        self.smi_state.write_text(json.dumps(state))
+        """What something else on the node set (the stand-in's state, not through it)."""
+        state = self.smi.state()
+        state["gpus"][uuid]["compute_mode"] = nvidia_smi.MODES[mode]
+        nvidia_smi.save(self.smi.state_path, state)
 
     def mounted(self) -> list[str]:
         path = self.root / "mounts.json"
@@ -71,10 +70,7 @@ class MpsWorld:
         return [json.loads(line) for line in path.read_text().splitlines() if line]
 
     def smi_calls(self) -> list[list[str]]:
-        path = self.root / "smi-log.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line)["argv"] for line in path.read_text().splitlines() if line]
+        return self.smi.calls()
 
 
 def _wrapper(path: Path, module: str) -> None:
@@ -86,8 +82,11 @@ def _wrapper(path: Path, module: str) -> None:
 def make_world(root: Path, gpus: Mapping[str, int], nvml_library: Path | None = None) -> MpsWorld:
     """A driver root under `root` with the stand-ins (and the NVML stand-in, if given)."""
     driver_root = root / "driver-root"
-    _wrapper(driver_root / "usr/bin/nvidia-smi", "fakes.smi_modes")
+    smi = nvidia_smi.install(driver_root, list(gpus))
     _wrapper(driver_root / "usr/bin/nvidia-cuda-mps-control", "fakes.mps_control")
+    server = driver_root / "usr/bin/nvidia-cuda-mps-server"  # the control daemon's stand-in
+    server.write_text("#!/bin/sh\necho 'started by nvidia-cuda-mps-control only' >&2\nexit 1\n")
+    server.chmod(0o755)  # plays the server itself; the plugin only checks this is here
     (driver_root / "tmp").mkdir(parents=True, exist_ok=True)
     if nvml_library is not None:
         lib = driver_root / "usr/lib64"
@@ -95,12 +94,9 @@ def make_world(root: Path, gpus: Mapping[str, int], nvml_library: Path | None = 
         (lib / nvml_library.name).symlink_to(nvml_library)
     bin_dir = root / "bin"
     mounts.install(bin_dir)
-    world = MpsWorld(root, driver_root, dict(gpus))
-    world.smi_state.write_text(json.dumps(dict.fromkeys(gpus, "DEFAULT")))
+    world = MpsWorld(root, driver_root, dict(gpus), smi)
     world.env = {
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "FAKE_SMI_STATE": str(world.smi_state),
-        "FAKE_SMI_LOG": str(root / "smi-log.jsonl"),
         "FAKE_MOUNTS_STATE": str(root / "mounts.json"),
         "FAKE_MOUNTS_LOG": str(root / "mounts-log.jsonl"),
     }

@@ -68,7 +68,7 @@ def main(argv: list[str], state_path: Path, log_path: Path) -> int:
             print(f"Setting the timeslice for GPU {uuid} is Not Supported")
             return NOT_SUPPORTED
         gpus[uuid]["timeslice"] = int(value)
-        _save(state_path, state)
+        save(state_path, state)
         print(f"Set timeslice to {value} for GPU {uuid}")
         return 0
     if "-c" in opts and uuid is not None and not policy:
@@ -76,7 +76,7 @@ def main(argv: list[str], state_path: Path, log_path: Path) -> int:
         if mode is None:
             return _fail(BAD_ARGUMENT, f"Invalid compute mode {opts['-c']!r}")
         gpus[uuid]["compute_mode"] = mode
-        _save(state_path, state)
+        save(state_path, state)
         print(f"Set compute mode to {mode.upper()} for GPU {uuid}.")
         return 0
     if "--query-gpu" in opts and not policy:
@@ -91,7 +91,7 @@ def main(argv: list[str], state_path: Path, log_path: Path) -> int:
     return _fail(BAD_ARGUMENT, f"stand-in nvidia-smi: unsupported arguments {argv}")
 
 
-def _save(path: Path, state: dict[str, Any]) -> None:
+def save(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(path)
@@ -139,6 +139,7 @@ def install(
 ) -> SmiStandIn:
     """Put the stand-in at `<driver_root>/<bin_dir>/nvidia-smi` with `gpus` (UUIDs) at
     compute mode Default and time-slice Default; state and log beside the driver root."""
+    driver_root.mkdir(parents=True, exist_ok=True)
     state = driver_root.parent / f"{driver_root.name}-smi-state.json"
     log = driver_root.parent / f"{driver_root.name}-smi-calls.jsonl"
     body = {
@@ -152,7 +153,7 @@ def install(
         },
         "mig_devices": list(mig_devices),
     }
-    _save(state, body)
+    save(state, body)
     binary = driver_root / bin_dir / "nvidia-smi"
     binary.parent.mkdir(parents=True, exist_ok=True)
     binary.write_text(

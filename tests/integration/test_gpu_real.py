@@ -21,8 +21,9 @@ import pytest
 
 from dra_plugin.devices import NUMA_NODE, PCI_BUS_ID, Health, Version, validate_device
 from dra_plugin.slices.build import parse_quantity
-from dra_plugin.vendors.nvidia import nvml
+from dra_plugin.vendors.nvidia import mpsdaemon, mpsready, nvml
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
+from dra_plugin.vendors.nvidia.nvidiasmi import BIN_DIRS, NvidiaSmi, find_nvidia_smi
 from dra_plugin.vendors.nvidia.nvml import NvmlDiscovery, discover_nvidia
 from dra_plugin.vendors.nvidia.nvml.migprofiles import possible_placements
 from dra_plugin.vendors.nvidia.partitions import fits, overlap, partitions
@@ -195,3 +196,29 @@ def test_mig_placements_listed_on_real_gpus_without_changing_anything(real: Nvml
     assert sorted(d.name for d in after.devices) == sorted(d.name for d in real.devices)
     if not seen:
         pytest.skip("no GPU here is in MIG mode; turning it on needs a GPU reset (an admin's step)")
+
+
+def test_nvidia_smi_found_and_compute_modes_read_without_changing_anything(
+    real: NvmlDiscovery,
+) -> None:
+    """Time-slicing and MPS run the driver root's nvidia-smi (#35): it is where the plugin
+    looks, runs with the root's NVML preloaded, and reads a compute mode for every GPU
+    NVML lists. Only a query: compute mode and time-slice are an administrator's here."""
+    smi = find_nvidia_smi(DRIVER_ROOT)
+    assert smi is not None, f"no nvidia-smi under {DRIVER_ROOT} in {BIN_DIRS}"
+    modes = NvidiaSmi(DRIVER_ROOT).compute_modes()
+    gpus = {d.uuid for d in real.devices if d.attrs["type"] == "gpu"}
+    assert gpus <= set(modes), (gpus, modes)
+    print(f"nvidia-smi {smi}: compute modes {modes}")
+
+
+def test_mps_binaries_where_the_daemon_looks_for_them(real: NvmlDiscovery) -> None:
+    """MPS (#35) runs nvidia-cuda-mps-control (which starts nvidia-cuda-mps-server) from
+    the driver root's bin dirs, in the order the daemon's script searches them. Read
+    only: nothing is started."""
+    missing = mpsready.missing_binaries(DRIVER_ROOT)
+    assert missing == "", missing
+    for name in mpsdaemon.BINARIES:
+        found = mpsready.find_binary(DRIVER_ROOT, name)
+        assert found is not None and os.access(found, os.X_OK), (name, found)
+        print(f"{name}: {found}")

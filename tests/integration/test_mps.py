@@ -155,6 +155,39 @@ def test_limit_the_daemon_refuses_fails_the_claim_and_leaves_nothing(
     assert not list((tmp_path / "cdi").glob("*claim_*.json"))
 
 
+@pytest.mark.parametrize("gone", mpsdaemon.BINARIES)
+def test_mps_binaries_missing_from_the_driver_root_are_the_claims_error_and_doctors(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer, gone: str
+) -> None:
+    """Without the daemon's binaries where its script looks, the claim fails at once with
+    where they were looked for (not after the ready timeout), nothing is made, and doctor
+    says so once MPS is in use."""
+    from dra_plugin.findings.findings import Status
+    from dra_plugin.vendors.nvidia.mpsdoctor import check_mps
+
+    (world.driver_root / "usr/bin" / gone).unlink()
+    claim = server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+
+    async def go() -> str:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, ready_timeout=60.0)
+        await prep.startup()
+        with MpsNode(server, NODE, world):
+            got = await prep.prepare([ref(claim)])
+        await api.close()
+        return got[UID1].error
+
+    error = asyncio.run(go())
+    assert f"MPS cannot run: {gone} not found in the NVIDIA driver root" in error, error
+    assert str(world.driver_root / "usr/local/nvidia/bin") in error
+    nothing_left(tmp_path, server, world)
+    assert world.smi_calls() == []  # not even the compute mode was touched
+    unused = check_mps(world.driver_root, tmp_path / "plugin", frozenset(), False)
+    assert [f.status for f in unused] == [Status.PASS]
+    in_use = check_mps(world.driver_root, tmp_path / "plugin", frozenset(), True)
+    assert [(f.status, gone in f.found) for f in in_use] == [(Status.WARN, True)]
+
+
 def test_daemon_never_ready_times_out_as_the_claims_error(
     tmp_path: Path, world: MpsWorld, server: FakeAPIServer
 ) -> None:
@@ -337,7 +370,7 @@ def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
     from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord
 
     plugin_dir = tmp_path / "plugin"
-    assert [f.status for f in check_mps(world.driver_root, plugin_dir, frozenset())] == [
+    assert [f.status for f in check_mps(world.driver_root, plugin_dir, frozenset(), False)] == [
         Status.PASS
     ]
     rec = DaemonRecord(f"claim-{UID1}", UID1, "mps-x", (UUID0,), DaemonLimits(), [UID1])
@@ -346,11 +379,11 @@ def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
     world.set_mode(UUID0, "EXCLUSIVE_PROCESS")  # served by the daemon above
     world.set_mode(UUID1, "EXCLUSIVE_PROCESS")  # left behind: nothing of ours serves it
 
-    held = check_mps(world.driver_root, plugin_dir, frozenset({UID1}))
+    held = check_mps(world.driver_root, plugin_dir, frozenset({UID1}), False)
     assert [(f.status, UUID1 in f.found) for f in held] == [(Status.WARN, True)]
     assert f"nvidia-smi -i {UUID1} -c DEFAULT" in held[0].action
 
-    stale = check_mps(world.driver_root, plugin_dir, frozenset())
+    stale = check_mps(world.driver_root, plugin_dir, frozenset(), False)
     found = " | ".join(f.found for f in stale)
     assert all(f.status is Status.WARN for f in stale) and len(stale) == 3
     assert "mps-x" in found and "serves no claim the plugin holds" in found

@@ -32,12 +32,6 @@ from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, NotRecordable
 from dra_plugin.vendors.nvidia import mpsdaemon, mpsready, mpsrecord
-from dra_plugin.vendors.nvidia.computemode import (
-    DEFAULT,
-    EXCLUSIVE_PROCESS,
-    ComputeModeError,
-    NvidiaSmi,
-)
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
 from dra_plugin.vendors.nvidia.mpslimits import (
     ENTRY_KEY,
@@ -49,6 +43,7 @@ from dra_plugin.vendors.nvidia.mpslimits import (
     volta_or_newer,
 )
 from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
+from dra_plugin.vendors.nvidia.nvidiasmi import DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SmiError
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 from dra_plugin.vendors.workloads import WorkloadError, Workloads
 
@@ -253,6 +248,8 @@ class MpsStep:
                 "MPS needs the plugin's namespace and an image for its control daemons "
                 "(POD_NAMESPACE, NVIDIA_MPS_IMAGE: the chart sets both with nvidia.mps.enabled)"
             )
+        if missing := mpsready.missing_binaries(self.driver_root):
+            raise MakeError(f"MPS cannot run: {missing}")
 
     def _ensure(self, rec: DaemonRecord, claim: ClaimContext) -> None:
         """Everything the record says, made where missing, then waited for."""
@@ -266,7 +263,7 @@ class MpsStep:
             self.mounter.mount_tmpfs(shm, self.shm_size)
             self._step("mps-mounted")
             for gpu in rec.gpus:
-                self.smi.set_mode(gpu, EXCLUSIVE_PROCESS)
+                self.smi.set_compute_mode(gpu, EXCLUSIVE_PROCESS)
             self._step("mps-exclusive")
             spec = DaemonSpec(
                 key=rec.key,
@@ -289,7 +286,7 @@ class MpsStep:
                     ",".join(rec.gpus),
                 )
             self._step("mps-created")
-        except (OSError, MountError, ComputeModeError, WorkloadError) as exc:
+        except (OSError, MountError, SmiError, WorkloadError) as exc:
             raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
         self._wait_ready(rec)
 
@@ -380,11 +377,11 @@ class MpsStep:
                 raise MakeError("no API client (POD_NAMESPACE unset) to delete it with")
             self._step("mps-deleted")
             for gpu in rec.gpus:
-                self.smi.set_mode(gpu, DEFAULT)
+                self.smi.set_compute_mode(gpu, DEFAULT)
             self._step("mps-default")
             self.mounter.unmount(self._paths(rec)[2])
             self._step("mps-unmounted")
-        except (MountError, ComputeModeError, WorkloadError) as exc:
+        except (MountError, SmiError, WorkloadError) as exc:
             raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
         self._remove_dirs(rec.dir)
         log.info("MPS control daemon removed deployment=%s gpus=%s", rec.name, ",".join(rec.gpus))

@@ -32,6 +32,11 @@ SHM_IN_ROOT = "dev/shm"
 READY_MARKER = "startup-complete"
 CLIENT_PIPE_DIR = "/tmp/nvidia-mps"  # where the claim's containers see the pipe dir
 CLIENT_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+# Where the daemon's script looks for the MPS binaries in the driver root, in order
+# (distribution packages, then the GPU Operator's container layout); mpsready.find_binary
+# looks in the same places.
+BIN_DIRS = ("usr/bin", "usr/local/nvidia/bin", "usr/local/bin", "bin")
+BINARIES = ("nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
 MIB = 2**20
 
 # The container's script. With a shell in the driver root it runs the daemon there
@@ -44,9 +49,10 @@ root="$MPS_ROOT"
 log="$root/var/log/nvidia-mps"
 rm -f "$log/startup-complete"
 if [ -x "$root/bin/sh" ] || [ -x "$root/usr/bin/sh" ]; then
-  run() { chroot "$root" sh -c "$1"; }
+  run() { chroot "$root" sh -c "PATH=$MPS_PATH; export PATH; $1"; }
 else
-  export PATH="$root/usr/bin:$root/bin:$root/usr/local/bin:$PATH"
+  p=; for d in $(printf '%s' "$MPS_PATH" | tr ':' ' '); do p="$p$root$d:"; done
+  export PATH="$p$PATH"
   export LD_LIBRARY_PATH="$root/usr/lib64:$root/usr/lib/x86_64-linux-gnu:$root/lib64:$root/lib"
   export CUDA_MPS_PIPE_DIRECTORY="$root/tmp/nvidia-mps"
   export CUDA_MPS_LOG_DIRECTORY="$log"
@@ -149,6 +155,7 @@ def deployment(spec: DaemonSpec) -> dict[str, Any]:
         {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(spec.gpus)},
         {"name": "MPS_FLAGS", "value": " -M" if spec.limits.multi_user else ""},
         {"name": "MPS_COMMANDS", "value": "\n".join(spec.limits.commands())},
+        {"name": "MPS_PATH", "value": ":".join(f"/{d}" for d in BIN_DIRS)},
     ]
     mounts = [
         {"name": "driver-root", "mountPath": CONTAINER_ROOT},

@@ -7,23 +7,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from dra_plugin.findings.findings import Finding, Status
-from dra_plugin.vendors.nvidia import mpsrecord
-from dra_plugin.vendors.nvidia.computemode import (
+from dra_plugin.vendors.nvidia import mpsready, mpsrecord
+from dra_plugin.vendors.nvidia.mps import DIR_NAME
+from dra_plugin.vendors.nvidia.nvidiasmi import (
     EXCLUSIVE_PROCESS,
-    ComputeModeError,
     NvidiaSmi,
+    SmiError,
     find_nvidia_smi,
 )
-from dra_plugin.vendors.nvidia.mps import DIR_NAME
 
 CHECK = "nvidia-mps"
 
 
 def check_mps(
-    driver_root: Path, plugin_dir: Path | None, held: frozenset[str] | None
+    driver_root: Path, plugin_dir: Path | None, held: frozenset[str] | None, shares_mps: bool
 ) -> list[Finding]:
     records = mpsrecord.scan(plugin_dir / DIR_NAME) if plugin_dir is not None else []
     out: list[Finding] = []
+    missing = mpsready.missing_binaries(driver_root)
+    if missing and (records or shares_mps):  # MPS in use here: its next daemon cannot start
+        fix = "install the NVIDIA driver's MPS binaries in the driver root (NVIDIA_DRIVER_ROOT)"
+        out.append(Finding(Status.WARN, CHECK, f"MPS cannot run: {missing}", fix))
     serving: set[str] = set()
     for rec in records:
         if held is not None and not set(rec.holders) & held:
@@ -42,8 +46,8 @@ def check_mps(
     if find_nvidia_smi(driver_root) is None:
         return out  # no nvidia-smi: compute modes cannot be read (doctor says so elsewhere)
     try:
-        modes = NvidiaSmi(driver_root).modes()
-    except ComputeModeError as exc:
+        modes = NvidiaSmi(driver_root).compute_modes()
+    except SmiError as exc:
         return [*out, Finding(Status.WARN, CHECK, f"compute modes not read: {exc}")]
     for uuid, mode in sorted(modes.items()):
         if mode == EXCLUSIVE_PROCESS and uuid not in serving:

@@ -1,10 +1,14 @@
-"""`nvidia-smi` from the driver root, found and run as NVIDIA's DRA driver runs it.
+"""`nvidia-smi` from the driver root, found and run as NVIDIA's DRA driver runs it: the one
+place the plugin runs it (time-slicing's compute policy, MPS's compute mode, doctor's read).
 
 NVIDIA's driver looks for `nvidia-smi` at the driver root itself, then in its `opt/bin`,
 `usr/bin`, `usr/sbin`, `bin` and `sbin`, following links to a regular file, and runs it
 with the root's `libnvidia-ml.so.1` first in LD_PRELOAD (the binary is the host's, the
-process is the plugin's container). Settings it changes (compute policy, compute mode)
-are what NVML does not offer to set.
+process is the plugin's container), found where NVML discovery finds it. Settings it
+changes (compute policy, compute mode) are what NVML does not offer to set.
+
+MPS needs a GPU in EXCLUSIVE_PROCESS: only the MPS server then holds a context on it, so
+every CUDA process goes through the daemon.
 """
 
 from __future__ import annotations
@@ -13,17 +17,13 @@ import os
 import subprocess
 from pathlib import Path
 
+from dra_plugin.vendors.nvidia.model import find_library
+
 BIN_DIRS = ("", "opt/bin", "usr/bin", "usr/sbin", "bin", "sbin")
-LIB_DIRS = (
-    "",
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-)
-LIBRARY = "libnvidia-ml.so.1"
+DEFAULT = "DEFAULT"
+EXCLUSIVE_PROCESS = "EXCLUSIVE_PROCESS"
+# nvidia-smi's spellings in its query output, as `-c` takes them.
+_QUERY_NAMES = {"Default": DEFAULT, "Exclusive_Process": EXCLUSIVE_PROCESS}
 TIMEOUT_S = 30.0
 # nvidia-smi's exit status for "the requested operation is not available on the target
 # device" (NVML_ERROR_NOT_SUPPORTED), per its manual page.
@@ -38,7 +38,8 @@ class SmiError(Exception):
         self.not_supported = not_supported
 
 
-def _find(root: Path, name: str, dirs: tuple[str, ...]) -> Path | None:
+def find_file(root: Path, name: str, dirs: tuple[str, ...]) -> Path | None:
+    """`name` in the first of `dirs` under `root` where it is (or links to) a regular file."""
     for d in dirs:
         candidate = root / d / name
         try:
@@ -51,7 +52,7 @@ def _find(root: Path, name: str, dirs: tuple[str, ...]) -> Path | None:
 
 
 def find_nvidia_smi(driver_root: Path) -> Path | None:
-    return _find(driver_root, "nvidia-smi", BIN_DIRS)
+    return find_file(driver_root, "nvidia-smi", BIN_DIRS)
 
 
 class NvidiaSmi:
@@ -69,7 +70,7 @@ class NvidiaSmi:
             where = ", ".join(str(self.driver_root / d) for d in BIN_DIRS)
             raise SmiError(f"{what}: no nvidia-smi in the NVIDIA driver root ({where})")
         env = dict(os.environ)
-        lib = _find(self.driver_root, LIBRARY, LIB_DIRS)
+        lib = find_library(self.driver_root)
         if lib is not None:
             env["LD_PRELOAD"] = ":".join(p for p in (str(lib), env.get("LD_PRELOAD")) if p)
         try:
@@ -104,3 +105,15 @@ class NvidiaSmi:
 
     def set_compute_mode(self, uuid: str, mode: str) -> None:
         self.run(["-i", uuid, "-c", mode], f"set the compute mode of GPU {uuid} to {mode}")
+
+    def compute_modes(self) -> dict[str, str]:
+        """GPU UUID -> compute mode, as `-c` spells it (others as nvidia-smi prints them)."""
+        out = self.run(
+            ["--query-gpu=uuid,compute_mode", "--format=csv,noheader"], "read compute modes"
+        )
+        modes: dict[str, str] = {}
+        for line in out.splitlines():
+            uuid, _, mode = (p.strip() for p in line.partition(","))
+            if uuid:
+                modes[uuid] = _QUERY_NAMES.get(mode, mode)
+        return modes
