@@ -56,9 +56,28 @@ def gpu(minor: int) -> Device:
     )
 
 
-def mps_config(threads: int | None = None, pinned: int | None = None) -> dict[str, Any]:
-    """NVIDIA's GpuConfig asking for MPS, as a claim carries it (decoded by the NVIDIA
-    driver's own configs decoder)."""
+MIG_UUID = "MIG-00000000-bbbb-4ccc-8ddd-000000000000"
+
+
+def mig() -> Device:
+    """An administrator's MIG device on GPU 0 (as discovery publishes one it did not make)."""
+    parent = next(iter(GPUS))
+    return make_device(
+        name="gpu-0-mig-1g10gb-9-0",
+        vendor=NVIDIA,
+        driver=DRIVER,
+        attributes={"type": "mig", "uuid": MIG_UUID, "parentUUID": parent, "profile": "1g.10gb"},
+        capacity={"memory": 10 * GIB},
+        uuid=MIG_UUID,
+        extra={"minor": "0", "uuid": MIG_UUID, "parentUUID": parent, "gi": "9", "ci": "0"},
+    )
+
+
+def mps_config(
+    threads: int | None = None, pinned: int | None = None, kind: str = "GpuConfig"
+) -> dict[str, Any]:
+    """NVIDIA's GpuConfig (or MigDeviceConfig) asking for MPS, as a claim carries it
+    (decoded by the NVIDIA driver's own configs decoder)."""
     mps: dict[str, Any] = {}
     if threads is not None:
         mps["defaultActiveThreadPercentage"] = threads
@@ -66,7 +85,7 @@ def mps_config(threads: int | None = None, pinned: int | None = None) -> dict[st
         mps["defaultPinnedDeviceMemoryLimit"] = str(pinned)
     return {
         "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
+        "kind": kind,
         "sharing": {"strategy": "MPS", "mpsConfig": mps},
     }
 
@@ -123,7 +142,8 @@ def preparer(
     ready_timeout: float = 20.0,
     on_step: Callable[[str], None] | None = None,
 ) -> tuple[ClaimPreparer, MpsStep]:
-    """A preparer for the two GPUs above, its MPS step on `api` (call inside a loop)."""
+    """A preparer for the two GPUs above and the MIG device, its MPS step on `api` (call
+    inside a loop)."""
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
     workloads = LoopWorkloads(api, asyncio.get_running_loop(), NAMESPACE, NODE)
@@ -133,7 +153,7 @@ def preparer(
         options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m",
         on_step=on_step,
     )  # fmt: skip
-    devices = {d.name: d for d in (gpu(0), gpu(1))}
+    devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
     prep = ClaimPreparer(
         driver=DRIVER,
         node_name=NODE,
@@ -146,7 +166,9 @@ def preparer(
         boot_id=lambda: "boot-1",
         sharing=shares,
         on_demand=ClaimSteps([step]),
-        opaque_configs=frozenset({("resource.nvidia.com/v1beta1", "GpuConfig")}),
+        opaque_configs=frozenset(
+            ("resource.nvidia.com/v1beta1", kind) for kind in ("GpuConfig", "MigDeviceConfig")
+        ),
     )
     return prep, step
 

@@ -79,10 +79,16 @@ def _wrapper(path: Path, module: str) -> None:
     path.chmod(0o755)
 
 
-def make_world(root: Path, gpus: Mapping[str, int], nvml_library: Path | None = None) -> MpsWorld:
-    """A driver root under `root` with the stand-ins (and the NVML stand-in, if given)."""
+def make_world(
+    root: Path,
+    gpus: Mapping[str, int],
+    nvml_library: Path | None = None,
+    mig: Mapping[str, int] | None = None,
+) -> MpsWorld:
+    """A driver root under `root` with the stand-ins (and the NVML stand-in, if given);
+    `mig`: MIG devices (uuid -> memory) that MPS may serve and nvidia-smi refuses to set."""
     driver_root = root / "driver-root"
-    smi = nvidia_smi.install(driver_root, list(gpus))
+    smi = nvidia_smi.install(driver_root, list(gpus), mig_devices=tuple(mig or ()))
     _wrapper(driver_root / "usr/bin/nvidia-cuda-mps-control", "fakes.mps_control")
     server = driver_root / "usr/bin/nvidia-cuda-mps-server"  # the control daemon's stand-in
     server.write_text("#!/bin/sh\necho 'started by nvidia-cuda-mps-control only' >&2\nexit 1\n")
@@ -94,7 +100,7 @@ def make_world(root: Path, gpus: Mapping[str, int], nvml_library: Path | None = 
         (lib / nvml_library.name).symlink_to(nvml_library)
     bin_dir = root / "bin"
     mounts.install(bin_dir)
-    world = MpsWorld(root, driver_root, dict(gpus), smi)
+    world = MpsWorld(root, driver_root, {**gpus, **(mig or {})}, smi)
     world.env = {
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "FAKE_MOUNTS_STATE": str(root / "mounts.json"),

@@ -21,7 +21,18 @@ from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.nvidia import mpsdaemon
 from fakes.apiserver import FakeAPIServer
-from fakes.mps_harness import GIB, GPUS, NAMESPACE, NODE, claim_obj, mps_config, preparer, ref
+from fakes.mps_harness import (
+    GIB,
+    GPUS,
+    MIG_UUID,
+    NAMESPACE,
+    NODE,
+    claim_obj,
+    mig,
+    mps_config,
+    preparer,
+    ref,
+)
 from fakes.mps_node import MpsNode, MpsWorld, make_world
 
 UUID0, UUID1 = list(GPUS)
@@ -33,7 +44,7 @@ SHARE2 = "bbbbbbbb-0000-4000-8000-00000000000b"
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MpsWorld]:
-    w = make_world(tmp_path / "node", GPUS)
+    w = make_world(tmp_path / "node", GPUS, mig={MIG_UUID: 10 * GIB})
     for k, v in w.env.items():
         monkeypatch.setenv(k, v)
     yield w
@@ -125,6 +136,43 @@ def test_claim_with_mps_config_gets_its_daemon_ready_and_everything_goes_at_unpr
         await api.close()
 
     asyncio.run(go())
+
+
+def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compute_mode(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    """NVIDIA's MigDeviceConfig takes MPS: the daemon serves the MIG device (its UUID in
+    CUDA_VISIBLE_DEVICES, its limits per that UUID) and, as NVIDIA's driver does, the GPU's
+    compute mode is left alone (nvidia-smi refuses it on a MIG device anyway)."""
+    device = mig().name
+    config = mps_config(threads=30, pinned=2 * GIB, kind="MigDeviceConfig")
+    claim = server.add_claim(claim_obj(UID1, [device], config=config))
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        with MpsNode(server, NODE, world) as node:
+            got = await prep.prepare([ref(claim)])
+            assert got[UID1].error == "", got[UID1].error
+            (name,) = deployments(server)
+            env = deployments(server)[name]["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert {"name": "CUDA_VISIBLE_DEVICES", "value": MIG_UUID} in env
+            assert node.running() == [name]
+            sent = [c["command"] for c in world.mps_commands()]
+            assert sent == [
+                "<start>",
+                "set_default_active_thread_percentage 30",
+                f"set_default_device_pinned_mem_limit {MIG_UUID} 2048M",
+            ]
+            edits = spec_of(tmp_path, UID1)["containerEdits"]
+            assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
+            assert await prep.unprepare([ref(claim)]) == {UID1: ""}
+            nothing_left(tmp_path, server, world)
+        await api.close()
+
+    asyncio.run(go())
+    assert [c for c in world.smi_calls() if "-c" in c] == []
 
 
 @pytest.mark.parametrize(

@@ -193,8 +193,10 @@ class MpsStep:
             raise MakeError("a claim cannot hold both an MPS config and a share served by MPS")
         for name in [*asked, *(d.device for d in shared)]:
             dev = devices[name]
-            if dev.attrs.get("type") != "gpu" or not dev.uuid:
-                raise MakeError(f"device {name}: MPS is served on whole GPUs only")
+            kinds = ("gpu", "mig") if name in asked else ("gpu",)  # MIG: as NVIDIA's driver
+            if dev.attrs.get("type") not in kinds or not dev.uuid:
+                what = "GPUs and MIG devices" if name in asked else "shares of whole GPUs"
+                raise MakeError(f"device {name}: MPS is served on {what} only")
             if name in asked and asked[name].multi_user and not volta_or_newer(dev):
                 raise MakeError(f"device {name}: MPS multiUser needs Volta or newer (7.0)")
         if shared:
@@ -262,7 +264,7 @@ class MpsStep:
             self._step("mps-dirs")
             self.mounter.mount_tmpfs(shm, self.shm_size)
             self._step("mps-mounted")
-            for gpu in rec.gpus:
+            for gpu in rec.whole_gpus:
                 self.smi.set_compute_mode(gpu, EXCLUSIVE_PROCESS)
             self._step("mps-exclusive")
             spec = DaemonSpec(
@@ -376,7 +378,7 @@ class MpsStep:
             else:  # a record says a Deployment was made: it cannot be proven gone
                 raise MakeError("no API client (POD_NAMESPACE unset) to delete it with")
             self._step("mps-deleted")
-            for gpu in rec.gpus:
+            for gpu in rec.whole_gpus:
                 self.smi.set_compute_mode(gpu, DEFAULT)
             self._step("mps-default")
             self.mounter.unmount(self._paths(rec)[2])

@@ -31,11 +31,17 @@ class DaemonRecord:
     dir: str  # claim-<uid> or device-<name>
     key: str  # the claim UID or the device name
     name: str  # its Deployment
-    gpus: tuple[str, ...]
+    gpus: tuple[str, ...]  # the UUIDs it serves: GPUs, or MIG devices
     limits: DaemonLimits
     holders: list[str] = field(default_factory=list)  # the claims it serves
     # A shared GPU's claims' own limits: uid -> {"threads": int, "pinned": bytes}.
     clients: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def whole_gpus(self) -> tuple[str, ...]:
+        """The full GPUs among `gpus`, whose compute mode the daemon needs: a MIG device
+        (its UUID starts with "MIG-") keeps its GPU's mode, as NVIDIA's driver leaves it."""
+        return tuple(g for g in self.gpus if not g.startswith("MIG-"))
 
     @property
     def shared(self) -> bool:
