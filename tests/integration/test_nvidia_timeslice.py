@@ -115,6 +115,28 @@ def test_a_gpu_left_exclusive_is_set_back_to_default_for_a_whole_gpu_claim(
     assert smi.gpu(GPU0)["compute_mode"] == "Default"
 
 
+def test_an_admin_access_claim_sets_its_interval_and_never_the_compute_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admin access watches a GPU others may hold (here one left in EXCLUSIVE_PROCESS, as
+    an MPS daemon keeps it): its time-slice is set, its mode is not reset under them."""
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    state = smi.state()
+    state["gpus"][GPU0]["compute_mode"] = "Exclusive_Process"
+    smi.state_path.write_text(json.dumps(state))
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
+    for r in obj["status"]["allocation"]["devices"]["results"]:
+        r["adminAccess"] = True
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.calls() == [["compute-policy", "-i", GPU0, "--set-timeslice", "3"]]
+    assert smi.gpu(GPU0)["compute_mode"] == "Exclusive_Process"
+    assert unprepare(node, obj) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 0 and smi.gpu(GPU0)["compute_mode"] == "Exclusive_Process"
+
+
 def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

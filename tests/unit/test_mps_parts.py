@@ -225,3 +225,55 @@ def test_multi_user_needs_volta_or_newer() -> None:
 
     assert volta_or_newer(gpu("7.0.0")) and volta_or_newer(gpu("9.0.0"))
     assert not volta_or_newer(gpu("6.1.0")) and not volta_or_newer(gpu(None))
+
+
+def _dev(name: str, kind: str, uuid: str) -> Any:
+    return make_device(
+        name=name, vendor=NVIDIA, driver="gpu.nvidia.com",
+        attributes={"type": kind, "uuid": uuid}, uuid=uuid,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("allocated", "asks", "want"),
+    [
+        # A config asking for MPS on a GPU or a MIG device: a daemon of the claim's own.
+        (AllocatedDevice("gpu-0", "r"), True, ({"gpu-0"}, [])),
+        (AllocatedDevice("mig-0", "r"), True, ({"mig-0"}, [])),
+        (AllocatedDevice("gpu-0", "r"), False, (set(), [])),
+        # A share with NVIDIA_SHARES_MPS: the GPU's daemon, whatever the config says.
+        (AllocatedDevice("gpu-0", "r", share_id="s1"), False, (set(), ["gpu-0"])),
+        # Admin access without MPS asked: nothing to do.
+        (AllocatedDevice("gpu-0", "r", admin_access=True), False, (set(), [])),
+        # Refused, each naming the device.
+        (AllocatedDevice("gpu-0", "r", admin_access=True), True, "admin access"),
+        (AllocatedDevice("gpu-0", "r", share_id="s1"), True, "cannot be added"),
+        (AllocatedDevice("mig-0", "r", share_id="s1"), False, "shares of whole GPUs only"),
+        (AllocatedDevice("vfio-0", "r"), True, "GPUs and MIG devices only"),
+    ],
+)
+def test_which_devices_want_which_daemon(
+    allocated: AllocatedDevice, asks: bool, want: tuple[set[str], list[str]] | str
+) -> None:
+    from dra_plugin.vendors.base import MakeError
+    from dra_plugin.vendors.claimcontext import ClaimContext
+    from dra_plugin.vendors.nvidia.mpslimits import wanted
+    from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
+
+    devices = {
+        "gpu-0": _dev("gpu-0", "gpu", UUID),
+        "mig-0": _dev("mig-0", "mig", "MIG-00000000-bbbb-4ccc-8ddd-000000000000"),
+        "vfio-0": _dev("vfio-0", "vfio", "GPU-vfio"),
+    }
+    claim = ClaimContext("11111111-0000-4000-8000-000000000001", "ns", "c", ("r",), (allocated,))
+
+    def mps_for(*_: object) -> MpsSettings | None:
+        return MpsSettings() if asks else None
+
+    if isinstance(want, str):
+        with pytest.raises(MakeError, match=want) as err:
+            wanted(claim, devices, mps_for, Sharing())
+        assert allocated.device in str(err.value)
+        return
+    asked, shared = wanted(claim, devices, mps_for, Sharing())
+    assert (set(asked), [d.device for d in shared]) == want

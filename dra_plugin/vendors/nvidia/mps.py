@@ -31,7 +31,7 @@ from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, NotRecordable
-from dra_plugin.vendors.nvidia import mpsdaemon, mpsready, mpsrecord
+from dra_plugin.vendors.nvidia import mpsdaemon, mpslimits, mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
 from dra_plugin.vendors.nvidia.mpslimits import (
     ENTRY_KEY,
@@ -40,11 +40,9 @@ from dra_plugin.vendors.nvidia.mpslimits import (
     daemon_limits,
     no_mps,
     share_limits,
-    volta_or_newer,
 )
 from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
 from dra_plugin.vendors.nvidia.nvidiasmi import DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SmiError
-from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 from dra_plugin.vendors.workloads import WorkloadError, Workloads
 
 log = logging.getLogger(__name__)
@@ -166,39 +164,10 @@ class MpsStep:
         if (rec := self._read(mine)) is not None:  # made before: the record, not the configs
             served = [d.device for d in claim.devices if d.device in devices]
             return rec, ClientLimits(), served, False
-        asked: dict[str, MpsSettings] = {}
-        shared: list[AllocatedDevice] = []
-        for d in claim.devices:
-            if d.device not in devices or d.admin_access:
-                continue
-            settings = self.mps_for(claim, d, devices)
-            if d.share_id is not None and self.options.shares is not None:
-                if settings is not None:
-                    raise MakeError(
-                        f"device {d.device}: a share of a GPU gets its MPS limits from the "
-                        "capacity it consumed; an MPS config cannot be added to it"
-                    )
-                shared.append(d)
-            elif settings is not None:
-                if d.share_id is not None:
-                    raise MakeError(
-                        f"device {d.device}: MPS on a shared GPU is served by one daemon per "
-                        "GPU (NVIDIA_SHARES_MPS=true); NVIDIA's driver refuses MPS with shares too"
-                    )
-                asked[d.device] = settings
+        asked, shared = mpslimits.wanted(claim, devices, self.mps_for, self.options.shares)
         if not asked and not shared:
             return None
         self._can_run()
-        if asked and shared:
-            raise MakeError("a claim cannot hold both an MPS config and a share served by MPS")
-        for name in [*asked, *(d.device for d in shared)]:
-            dev = devices[name]
-            kinds = ("gpu", "mig") if name in asked else ("gpu",)  # MIG: as NVIDIA's driver
-            if dev.attrs.get("type") not in kinds or not dev.uuid:
-                what = "GPUs and MIG devices" if name in asked else "shares of whole GPUs"
-                raise MakeError(f"device {name}: MPS is served on {what} only")
-            if name in asked and asked[name].multi_user and not volta_or_newer(dev):
-                raise MakeError(f"device {name}: MPS multiUser needs Volta or newer (7.0)")
         if shared:
             return self._plan_shared(claim, shared, devices)
         gpus = tuple(devices[n].uuid or n for n in sorted(asked))

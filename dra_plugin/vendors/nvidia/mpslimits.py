@@ -1,5 +1,6 @@
-"""What a claim's MPS limits are (pure): a daemon's defaults from the claim's MPS config,
-a share's own limits from the capacity it consumed, and the CDI edits its containers get
+"""What a claim asks of MPS and what its limits are (pure): which of its devices want a
+daemon of their own or a shared GPU's, a daemon's defaults from the claim's MPS config, a
+share's own limits from the capacity it consumed, and the CDI edits its containers get
 from the vendor entry the MPS step recorded."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from dra_plugin.devices import Device
 from dra_plugin.quantity import parse_quantity
 from dra_plugin.sharing import MEMORY, SHARES, Sharing
+from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.claimcontext import (
     AllocatedDevice,
     ClaimContext,
@@ -48,6 +50,52 @@ def volta_or_newer(dev: Device) -> bool:
     cc = dev.attrs.get("cudaComputeCapability")
     major = str(getattr(cc, "value", cc) or "").split(".", 1)[0]
     return major.isdigit() and int(major) >= 7
+
+
+def wanted(
+    claim: ClaimContext, devices: Mapping[str, Device], mps_for: MpsFor, shares: Sharing | None
+) -> tuple[dict[str, MpsSettings], list[AllocatedDevice]]:
+    """The claim's devices whose MPS config asks for a daemon of the claim's own (device ->
+    settings), and its shares a shared GPU's daemon serves (`shares` set: NVIDIA_SHARES_MPS);
+    MakeError for what cannot be served, naming the device."""
+    asked: dict[str, MpsSettings] = {}
+    shared: list[AllocatedDevice] = []
+    for d in claim.devices:
+        if d.device not in devices:
+            continue
+        settings = mps_for(claim, d, devices)
+        if d.admin_access:
+            if settings is not None:  # never silently without it
+                raise MakeError(
+                    f"device {d.device}: admin access watches a GPU other claims may hold; "
+                    "an MPS daemon is not started for it (its config asks for MPS)"
+                )
+            continue
+        if d.share_id is not None and shares is not None:
+            if settings is not None:
+                raise MakeError(
+                    f"device {d.device}: a share of a GPU gets its MPS limits from the "
+                    "capacity it consumed; an MPS config cannot be added to it"
+                )
+            shared.append(d)
+        elif settings is not None:
+            if d.share_id is not None:
+                raise MakeError(
+                    f"device {d.device}: MPS on a shared GPU is served by one daemon per "
+                    "GPU (NVIDIA_SHARES_MPS=true); NVIDIA's driver refuses MPS with shares too"
+                )
+            asked[d.device] = settings
+    if asked and shared:
+        raise MakeError("a claim cannot hold both an MPS config and a share served by MPS")
+    for name in [*asked, *(d.device for d in shared)]:
+        dev = devices[name]
+        kinds = ("gpu", "mig") if name in asked else ("gpu",)  # MIG: as NVIDIA's driver
+        if dev.attrs.get("type") not in kinds or not dev.uuid:
+            what = "GPUs and MIG devices" if name in asked else "shares of whole GPUs"
+            raise MakeError(f"device {name}: MPS is served on {what} only")
+        if name in asked and asked[name].multi_user and not volta_or_newer(dev):
+            raise MakeError(f"device {name}: MPS multiUser needs Volta or newer (7.0)")
+    return asked, shared
 
 
 def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
