@@ -54,9 +54,7 @@ class MpsWorld:
 
     def set_mode(self, uuid: str, mode: str) -> None:
         """What something else on the node set (the stand-in's state, not through it)."""
-        state = self.smi.state()
-        state["gpus"][uuid]["compute_mode"] = nvidia_smi.MODES[mode]
-        nvidia_smi.save(self.smi.state_path, state)
+        self.smi.set_gpu(uuid, compute_mode=nvidia_smi.MODES[mode])
 
     def mounted(self) -> list[str]:
         path = self.root / "mounts.json"

@@ -124,6 +124,12 @@ class SmiStandIn:
         result: dict[str, Any] = self.state()["gpus"][uuid]
         return result
 
+    def set_gpu(self, uuid: str, **fields: Any) -> None:
+        """What something else on the node set on a GPU (the state, not through the tool)."""
+        state = self.state()
+        state["gpus"][uuid].update(fields)
+        save(self.state_path, state)
+
     def timeslice_calls(self) -> list[tuple[str, int]]:
         """(uuid, interval) of each compute-policy --set-timeslice, in order."""
         return [(c[2], int(c[4])) for c in self.calls() if c[:1] == ["compute-policy"]]

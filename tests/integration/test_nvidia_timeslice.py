@@ -104,9 +104,7 @@ def test_a_gpu_left_exclusive_is_set_back_to_default_for_a_whole_gpu_claim(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, smi, api, make = node_for(tmp_path, monkeypatch)
-    state = smi.state()
-    state["gpus"][GPU0]["compute_mode"] = "Exclusive_Process"
-    smi.state_path.write_text(json.dumps(state))
+    smi.set_gpu(GPU0, compute_mode="Exclusive_Process")
     node = make()
     start(node)
     obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
@@ -121,9 +119,7 @@ def test_an_admin_access_claim_sets_its_interval_and_never_the_compute_mode(
     """Admin access watches a GPU others may hold (here one left in EXCLUSIVE_PROCESS, as
     an MPS daemon keeps it): its time-slice is set, its mode is not reset under them."""
     _, smi, api, make = node_for(tmp_path, monkeypatch)
-    state = smi.state()
-    state["gpus"][GPU0]["compute_mode"] = "Exclusive_Process"
-    smi.state_path.write_text(json.dumps(state))
+    smi.set_gpu(GPU0, compute_mode="Exclusive_Process")
     node = make()
     start(node)
     obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"})
