@@ -149,6 +149,7 @@ def preparer(
     claim_edits: Any = _VENDOR_EDITS,
     on_demand: OnDemand | None = None,
     opaque_configs: Collection[tuple[str, str]] = frozenset(),
+    spare_files: bool = False,
 ) -> ClaimPreparer:
     """A ClaimPreparer over root/state and root/cdi (made here), reading claims from `api`
     and holding `devices`; `claim_edits` None is the core's node edits only."""
@@ -169,6 +170,7 @@ def preparer(
         device_metadata=device_metadata,
         on_demand=on_demand,
         opaque_configs=opaque_configs,
+        spare_files=spare_files,
     )
 
 

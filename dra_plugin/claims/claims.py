@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,7 +35,9 @@ from dra_plugin.claims.contract import (
 from dra_plugin.claims.fetch import FetchClaim, Fetched, fetch_all, known_completed
 from dra_plugin.claims.groupcommit import GroupCommit, JobKind, runs
 from dra_plugin.claims.made import MadeDevices
+from dra_plugin.claims.passthread import PassThread
 from dra_plugin.claims.preparepass import ClaimEditor, Parts, PreparePass
+from dra_plugin.claims.spares import Spares
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
@@ -119,6 +122,7 @@ class ClaimPreparer:
         device_metadata: bool = False,
         on_demand: OnDemand | None = None,
         opaque_configs: Collection[tuple[str, str]] = frozenset(),
+        spare_files: bool = False,  # spares.py: the daemon's; tests count files made
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -132,6 +136,9 @@ class ClaimPreparer:
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
         self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
+        self._thread = PassThread(f"claims-{driver}")  # file work, off the event loop
+        self._said: deque[tuple[str, str]] = deque()  # `prepared` lines not logged yet
+        self._spares = Spares(cdi_root, driver) if spare_files else None
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         contexts = context.PassContexts()  # what the vendor hooks see of a claim
@@ -164,6 +171,14 @@ class ClaimPreparer:
     async def startup(self) -> None:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
         await self._commit.submit(_Job(JobKind.STARTUP))
+        if self._spares is not None:  # made after start-up's clean-up of temp files
+            self._thread.post(self._spares.restock)
+
+    def close(self) -> None:
+        """After the last call: the thread ends, the spare files go."""
+        self._thread.stop(timeout=10)
+        if self._spares is not None:
+            specfiles.discard(self._spares.take_all())
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
         results: dict[str, Outcome] = {}
@@ -178,20 +193,37 @@ class ClaimPreparer:
         with self._commit.arriving():  # a pass about to start waits for these GETs
             known = await known_completed(self._checkpoint, refs) - self._unproven
             todo = [r for uid, r in refs.items() if uid not in known]
-            ahead = self._make_ahead(todo) if alone and len(todo) == 1 else None
+            lone = alone and len(todo) == 1
+            spare = self._spares.take() if lone and self._spares is not None else []
+            ahead = self._make_ahead(todo) if lone and not spare else None
             try:
                 fetched = await fetch_all(self._fetch, todo)
             except BaseException:  # cancelled by the kubelet: its files go when made
                 if ahead is not None:
                     ahead.add_done_callback(_discard_made)
+                if spare and self._spares is not None:
+                    self._spares.give_back(spare)
                 raise
         if refs:
-            job = _Job(JobKind.PREPARE, list(refs.values()), fetched, ahead)
+            made = {todo[0].uid: spare} if spare else {}
+            job = _Job(JobKind.PREPARE, list(refs.values()), fetched, ahead, made)
             got = await self._submit(
                 job, lambda msg, disk: ClaimFailed(Failure.DISK if disk else Failure.INTERNAL, msg)
             )
             results.update(got)
+            if self._said or (self._spares is not None and self._spares.low()):
+                # After the answer: the caller's task goes on to send it before the loop
+                # gets to this callback, so the kubelet waits neither for the log lines
+                # nor for new spare files.
+                asyncio.get_running_loop().call_soon(self._after_answer)
         return results
+
+    def _after_answer(self) -> None:
+        while self._said:
+            name, devices = self._said.popleft()
+            log.info("prepared %s devices=%s", name, devices)
+        if self._spares is not None and self._spares.low():
+            self._thread.post(self._spares.restock)
 
     def _make_ahead(self, todo: list[ClaimRef]) -> asyncio.Task[dict[str, list[Path]]]:
         """A lone claim's two temp files, made in a thread while its GET is under way:
@@ -203,7 +235,7 @@ class ClaimPreparer:
         def make() -> dict[str, list[Path]]:
             return {uid: specfiles.made_ahead(self.cdi_root, self.driver, uid)}
 
-        return asyncio.create_task(asyncio.to_thread(make))
+        return asyncio.create_task(self._thread.run(make))
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         results: dict[str, str] = {}
@@ -238,10 +270,11 @@ class ClaimPreparer:
     # --- locking, batching and recovery ---------------------------------------------
     async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
         for job in jobs:  # made while the GETs were under way: done by now, normally
-            job.made = await _made(job.ahead)
+            if job.ahead is not None:
+                job.made = await _made(job.ahead)
         devices = dict(self._devices())
-        result, held = await asyncio.to_thread(
-            self._with_file_lock, lambda st: self._pass(st, jobs, devices)
+        result, held = await self._thread.run(
+            lambda: self._with_file_lock(lambda st: self._pass(st, jobs, devices))
         )
         if held is not None:
             self.held = held
@@ -344,6 +377,7 @@ class ClaimPreparer:
     ) -> dict[str, Outcome]:
         claim_pass = PreparePass(self._parts, state, devices, ahead)
         done = claim_pass.run(refs, fetched, self._unproven)
+        self._said.extend(claim_pass.said)
         self._unproven.difference_update(claim_pass.recorded)  # judged on the API's word
         return done
 

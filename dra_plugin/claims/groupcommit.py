@@ -85,7 +85,10 @@ class GroupCommit(Generic[J, R]):
             self._submitted.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain(), name="claims-group-commit")
-        return await asyncio.shield(fut)
+        # Not shielded: a caller that goes away cancels only its own future, which the
+        # pass then skips (the pass runs in `_drain`'s task, not the caller's); a shield
+        # would add a callback hop to every answer.
+        return await fut
 
     async def _wait_for_arrivals(self) -> None:
         """While announced callers are on their way and keep submitting (one at least

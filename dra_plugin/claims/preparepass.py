@@ -98,6 +98,8 @@ class PreparePass:
         self.ahead = dict(ahead or {})  # claim uid -> its temp files made ahead
         self.out: dict[str, Outcome] = {}
         self.recorded: list[str] = []  # claims this pass recorded as prepared
+        # (who, devices) of each claim prepared: logged by the caller once it has answered
+        self.said: list[tuple[str, str]] = []
 
     # --- the pass ------------------------------------------------------------------------
     def run(
@@ -220,7 +222,7 @@ class PreparePass:
         for rec in completed:
             self.out[rec.uid] = prepared(rec)
             self.recorded.append(rec.uid)
-            log.info("prepared %s devices=%s", who(rec), ",".join(d.device for d in rec.devices))
+            self.said.append((who(rec), ",".join(d.device for d in rec.devices)))
         p.step("claim-completed")
 
     def _make(self, c: _Claim, failed: list[str]) -> bool:
