@@ -176,7 +176,7 @@ def render_claim_spec(
             f"configured maximum {max_version}"
         )
     spec["cdiVersion"] = needed
-    errors = validate_spec(spec)
+    errors = validate_spec(spec, version_needed=needed)  # its version is the one needed
     if errors:
         raise CdiError(f"rendered CDI spec is invalid: {'; '.join(errors)}")
     return RenderedSpec(file_name, spec, ids)

@@ -178,8 +178,9 @@ def _validate_annotations(value: Any, where: str, errors: list[str]) -> None:
         errors.append(f"{where}: must map strings to strings")
 
 
-def validate_spec(spec: Mapping[str, Any]) -> list[str]:
-    """Every way `spec` breaks the CDI specification (empty when valid)."""
+def validate_spec(spec: Mapping[str, Any], *, version_needed: str | None = None) -> list[str]:
+    """Every way `spec` breaks the CDI specification (empty when valid); `version_needed`:
+    required_version(spec)'s version, when the caller has it already."""
     errors: list[str] = []
     for key in sorted(
         set(spec) - {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
@@ -224,7 +225,7 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
         _validate_edits(
             dev.get("containerEdits"), f"devices[{i}].containerEdits", errors, device=True
         )
-    if version in KNOWN_VERSIONS and not errors:
+    if version in KNOWN_VERSIONS and not errors and version != version_needed:
         needed, why = required_version(spec)
         if version_key(needed) > version_key(str(version)):
             errors.append(f"cdiVersion {version} is too low: {', '.join(why)} need {needed}")

@@ -195,12 +195,25 @@ class ClaimStatusReporter:
         self._done = asyncio.Event()
         self._done.set()
         self._worker: asyncio.Task[None] | None = None
+        self._deferred = 0  # prepares whose writes are still to be queued (_queue)
+        self._writing = False  # a batch of writes is under way
         self.writes = 0
         self.failures = 0
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
         with self._activity.busy():
             results = await self._inner.prepare(claims)
+        if any(isinstance(r, Prepared) and r.devices for r in results.values()):
+            # The writes are queued from a callback: the caller's task hands the answer
+            # to grpc before the loop gets to it, so the kubelet waits neither for the
+            # entries nor for the API. `flush` waits for the callback too (`_deferred`).
+            self._done.clear()
+            self._deferred += 1
+            asyncio.get_running_loop().call_soon(self._queue, claims, results)
+        return results
+
+    def _queue(self, claims: Sequence[ClaimRef], results: Mapping[str, Outcome]) -> None:
+        self._deferred -= 1
         devices = self._devices()
         for ref in claims:
             res = results.get(ref.uid)
@@ -213,12 +226,11 @@ class ClaimStatusReporter:
                 continue
             self._pending[ref.uid] = (ref, entries)
         if self._pending:
-            # After the answer: the kubelet's call never waits for the API.
-            self._done.clear()
             self._wake.set()
             if self._worker is None or self._worker.done():
                 self._worker = asyncio.create_task(self._run(), name=f"claim-status-{self.driver}")
-        return results
+        elif not self._deferred and not self._writing:
+            self._done.set()  # nothing new to write, and no batch under way
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
         results = await self._inner.unprepare(claims)
@@ -237,9 +249,14 @@ class ClaimStatusReporter:
                 await asyncio.wait_for(self._quiet(), self._max_defer)
             batch = list(self._pending.values())
             self._pending.clear()
-            outcomes = await asyncio.gather(
-                *(self._write(ref, entries) for ref, entries in batch), return_exceptions=True
-            )
+            self._writing = True
+            try:
+                outcomes = await asyncio.gather(
+                    *(self._write(ref, entries) for ref, entries in batch),
+                    return_exceptions=True,
+                )
+            finally:
+                self._writing = False
             for (ref, _), outcome in zip(batch, outcomes, strict=True):
                 # API errors are handled in _write; anything else is a bug, but the
                 # writer (and the daemon) keeps going.
@@ -249,7 +266,7 @@ class ClaimStatusReporter:
                     log.error("%s: status.devices write crashed: %r", ref, outcome)
             if self._pending:
                 self._wake.set()
-            else:
+            elif not self._deferred:
                 self._done.set()
 
     async def _quiet(self) -> None:

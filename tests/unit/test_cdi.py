@@ -423,3 +423,29 @@ def test_a_driver_installed_later_is_seen_despite_the_library_cache(tmp_path: Pa
     assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "device-nodes"  # cached
     fake_driver_root(root)  # creates usr/lib/x86_64-linux-gnu: usr/lib's mtime changes
     assert nv_cdi.plan_nvidia(opts, ["GPU-1"]).strategy == "host-libs"
+
+
+def test_the_planner_sees_an_install_once_its_facts_are_older_than_the_interval(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "driver"
+    (root / "usr/lib").mkdir(parents=True)
+    opts = nv_cdi.UserspaceOptions(toolkit_cdi_dirs=(tmp_path / "cdi",), driver_root=root)
+    now = [100.0]
+    planner = nv_cdi.Planner(ttl=2.0, clock=lambda: now[0])
+    assert planner.plan(opts, ["GPU-1"]).strategy == "device-nodes"
+    fake_driver_root(root)
+    now[0] += 1.9  # within the interval: the facts gathered at 100.0 still hold
+    assert planner.plan(opts, ["GPU-1"]).strategy == "device-nodes"
+    now[0] += 0.1  # the interval is over: gathered again, the driver is seen
+    plan = planner.plan(opts, ["GPU-1"])
+    assert plan.strategy == "host-libs"
+    assert plan == nv_cdi.plan_nvidia(opts, ["GPU-1"])
+    toolkit_spec(tmp_path / "cdi", ["GPU-1"], "json")
+    assert planner.plan(opts, ["GPU-1"]).strategy == "host-libs"
+    now[0] += 2.0
+    assert planner.plan(opts, ["GPU-1"]).strategy == "toolkit"
+    # Other options are never answered with the facts of the last ones.
+    other = nv_cdi.UserspaceOptions(strategy="device-nodes", driver_root=root)
+    assert planner.plan(other, ["GPU-1"]).strategy == "device-nodes"
+    assert planner.plan(opts, ["GPU-1"]).strategy == "toolkit"

@@ -108,3 +108,26 @@ def test_an_unexpected_error_does_not_stop_the_writer() -> None:
     reporter = asyncio.run(go())
     assert (reporter.failures, reporter.writes) == (1, 2)
     assert sorted(uid for uid, _ in api.calls) == ["u1", "u2"]
+
+
+def test_writes_are_queued_after_the_answer_and_flush_waits_for_them() -> None:
+    dev = intel_device(1)
+    api = _BuggyApi()
+    api.crash = False
+
+    async def go() -> ClaimStatusReporter:
+        reporter = ClaimStatusReporter(
+            _Inner(dev.name), driver="gpu.intel.com", api=api, devices=lambda: {dev.name: dev}
+        )
+        first = ClaimRef("default", "u1", "a")
+        await reporter.prepare([first])
+        assert api.calls == [] and not reporter._pending  # queued once the answer is out
+        assert await reporter.flush(5)
+        assert [uid for uid, _ in api.calls] == ["u1"]
+        await reporter.prepare([first])  # the same entries again: nothing to write
+        assert await reporter.flush(5)
+        await reporter.close()
+        return reporter
+
+    reporter = asyncio.run(go())
+    assert (reporter.failures, reporter.writes) == (0, 1)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,8 +150,9 @@ def _resolve_under(root: Path, path: Path) -> Path | None:
 
 
 def _host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]], list[str]]:
-    # A driver install or upgrade changes the library directories' mtimes. Checked on
-    # every NVIDIA prepare: plain os.stat on paths joined once (pathlib costs more here).
+    # A driver install or upgrade changes the library directories' mtimes. Checked each
+    # time the facts are gathered (Planner: every FACTS_TTL_S at most while prepares
+    # come): plain os.stat on paths joined once (pathlib costs more here).
     stamps: list[object] = [opts.driver_root, opts.host_driver_root]
     for d in _library_dirs(opts.driver_root):
         try:
@@ -190,12 +192,51 @@ def _scan_host_libraries(opts: UserspaceOptions) -> tuple[list[tuple[str, str]],
     return mounts, sorted(set(dirs))
 
 
-def plan_nvidia(opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
-    """Choose the userspace strategy (side effects: reads the toolkit dirs, stats libraries)."""
+@dataclass(frozen=True)
+class UserspaceFacts:
+    """What is on disk that the plan is made from; only what the strategy looks at is
+    gathered (the others are left empty)."""
+
+    toolkit: frozenset[str] = frozenset()  # device names of the toolkit's CDI specs
+    libraries: tuple[tuple[str, str], ...] = ()  # (hostPath, containerPath)
+    lib_dirs: tuple[str, ...] = ()  # their directories, as the container sees them
+    smi: tuple[str, str] | None = None  # nvidia-smi's mount
+    hook: str | None = None  # the nvidia-cdi-hook binary, relative to the host root
+
+
+def userspace_facts(opts: UserspaceOptions) -> UserspaceFacts:
+    """The facts `opts.strategy` needs (side effects: reads the toolkit dirs, stats
+    libraries)."""
+    strategy = opts.strategy
+    toolkit: frozenset[str] = frozenset()
+    if strategy in ("auto", "toolkit"):
+        toolkit = frozenset(toolkit_devices(opts.toolkit_cdi_dirs))
+    if strategy not in ("auto", "host-libs"):
+        return UserspaceFacts(toolkit)
+    mounts, lib_dirs = _host_libraries(opts)
+    if not mounts:
+        return UserspaceFacts(toolkit)
+    smi = None
+    for rel in BINARIES:
+        real = _resolve_under(opts.driver_root, opts.driver_root / rel)
+        if real is not None:
+            host = str(opts.host_driver_root / real.relative_to(opts.driver_root))
+            smi = (host, "/usr/bin/nvidia-smi")
+            break
+    # Only reference the ldcache hook when its binary really is on the host.
+    hook = next((h for h in HOOK_BINARIES if (opts.host_root / h).is_file()), None)
+    return UserspaceFacts(toolkit, tuple(mounts), tuple(lib_dirs), smi, hook)
+
+
+def plan_nvidia(
+    opts: UserspaceOptions, uuids: Sequence[str], facts: UserspaceFacts | None = None
+) -> NvidiaPlan:
+    """Choose the userspace strategy from `facts` (None: gathered now, userspace_facts)."""
+    if facts is None:
+        facts = userspace_facts(opts)
     strategy = opts.strategy
     if strategy in ("auto", "toolkit"):
-        known = toolkit_devices(opts.toolkit_cdi_dirs)
-        missing = [u for u in uuids if u not in known]
+        missing = [u for u in uuids if u not in facts.toolkit]
         if not missing:
             return NvidiaPlan(
                 "toolkit",
@@ -210,32 +251,53 @@ def plan_nvidia(opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
     else:
         why = f"strategy {strategy}"
     if strategy in ("auto", "host-libs"):
-        mounts, lib_dirs = _host_libraries(opts)
-        if mounts:
-            for rel in BINARIES:
-                real = _resolve_under(opts.driver_root, opts.driver_root / rel)
-                if real is not None:
-                    host = str(opts.host_driver_root / real.relative_to(opts.driver_root))
-                    mounts.append((host, "/usr/bin/nvidia-smi"))
-                    break
-            hooks: list[tuple[str, tuple[str, ...]]] = []
-            # Only reference the ldcache hook when its binary really is on the host.
-            hook = next((h for h in HOOK_BINARIES if (opts.host_root / h).is_file()), None)
-            if hook is not None:
+        if facts.libraries:
+            mounts = facts.libraries + ((facts.smi,) if facts.smi is not None else ())
+            hooks: tuple[tuple[str, tuple[str, ...]], ...] = ()
+            if facts.hook is not None:
                 args = ["nvidia-cdi-hook", "update-ldcache"]
-                for d in lib_dirs:
+                for d in facts.lib_dirs:
                     args += ["--folder", d]
-                hooks.append(("/" + hook, tuple(args)))
+                hooks = (("/" + facts.hook, tuple(args)),)
             else:
                 why += "; no nvidia-cdi-hook on the host: the container's ld cache is left as "
-                why += f"the image built it (libraries mounted in {', '.join(lib_dirs)})"
-            return NvidiaPlan("host-libs", why, tuple(mounts), tuple(hooks))
+                why += f"the image built it (libraries mounted in {', '.join(facts.lib_dirs)})"
+            return NvidiaPlan("host-libs", why, mounts, hooks)
         why += f"; no NVIDIA driver libraries under {opts.driver_root}"
         if strategy == "host-libs":
             raise CdiError(f"NVIDIA CDI strategy host-libs: {why}")
     return NvidiaPlan(
         "device-nodes", why + "; containers get device nodes only (no CUDA userspace)"
     )
+
+
+# How long the facts are reused by a Planner: a toolkit or driver installed (or removed)
+# while the plugin runs is used by the prepares that start this long after it at the
+# latest. Gathering them costs about 0.1 ms of a prepare (a stat of every toolkit CDI dir,
+# library dir, binary and hook path), a twentieth of it.
+FACTS_TTL_S = 2.0
+
+
+class Planner:
+    """plan_nvidia with the facts gathered at most once per `ttl` seconds (`clock`: a
+    monotonic clock) for the options last asked about. Called from one thread at a time
+    (the preparer's)."""
+
+    def __init__(
+        self, ttl: float = FACTS_TTL_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._opts: UserspaceOptions | None = None
+        self._facts = UserspaceFacts()
+        self._at = 0.0
+
+    def plan(self, opts: UserspaceOptions, uuids: Sequence[str]) -> NvidiaPlan:
+        now = self._clock()
+        if opts != self._opts or not now - self._at < self._ttl:
+            self._facts = userspace_facts(opts)
+            self._opts, self._at = opts, now
+        return plan_nvidia(opts, uuids, self._facts)
 
 
 def gpu_nodes(dev: Device) -> tuple[DeviceNode, ...]:

@@ -103,9 +103,10 @@ class MpsStep:
         return mpsrecord.scan(self.root)
 
     def _read(self, dirname: str) -> DaemonRecord | None:
-        path = self._dir(dirname) / RECORD
-        if files.kind(self._dir(dirname)) != "dir":
+        d = self._dir(dirname)
+        if files.kind(d) != "dir":  # every prepare without MPS: one lstat, one join
             return None
+        path = d / RECORD
         rec = DaemonRecord.decode(dirname, files.read_json(path))
         if rec is None:
             # A dir whose record never got written whole (killed mid-write): nothing was

@@ -95,6 +95,10 @@ class NvidiaDriver(Driver):
         # The claim's MPS settings per device: NVIDIA's configs, decoded (_mps_for).
         self.mps_for: MpsFor = self._mps_for
         self._plan_reason = ""  # the userspace plan is logged when it changes
+        # The userspace plan's facts, gathered at most every cdi.FACTS_TTL_S seconds.
+        self._planner = cdi.Planner()
+        # The userspace options for the settings and host root they were made from.
+        self._opts: tuple[NvidiaSettings, Path, cdi.UserspaceOptions] | None = None
 
     @property
     def vfio(self) -> bool:
@@ -128,8 +132,11 @@ class NvidiaDriver(Driver):
         self._check_configs(devices, claim)
         if devices and all(vfio.is_vfio(d) for d in devices):
             return vfio.claim_edits(devices)
-        opts = cdi.UserspaceOptions.of(self.settings, host_root)
-        plan = cdi.plan_nvidia(opts, [d.uuid or d.name for d in devices])
+        o = self._opts
+        if o is None or o[0] is not self.settings or o[1] != host_root:
+            opts = cdi.UserspaceOptions.of(self.settings, host_root)
+            o = self._opts = (self.settings, host_root, opts)
+        plan = self._planner.plan(o[2], [d.uuid or d.name for d in devices])
         if plan.reason != self._plan_reason:
             self._plan_reason = plan.reason
             level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
