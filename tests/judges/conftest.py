@@ -5,9 +5,10 @@ runtime_config="") -> ApiServer`; servers with the same settings are started onc
 shared, at most four run at a time (the oldest stops when a fifth is asked for), all stop
 at the end of the session. The suite asks for four settings (1.37, 1.35, 1.34, beta APIs
 served) and alternates them test by test: with fewer kept, each was started again and
-again (about 0.3 GiB of memory each; four save a minute of the suite). `judge_api` is the default one (1.37 gates, v1 served), with
-the chart's identity installed (`judge_chart`). `judge_node` (per test): a fresh node
-name with the plugin's credentials for it (a `PluginAccess`), removed afterwards.
+again (about 0.3 GiB of memory each; four save a minute of the suite). `judge_api` is
+the default one (1.37 gates, v1 served), with the chart's identity installed
+(`judge_chart`). `judge_node` (per test): a fresh node name with the plugin's credentials
+for it (a `PluginAccess`), removed afterwards.
 `judges`: the built judge programs (built here when their sources changed).
 """
 
