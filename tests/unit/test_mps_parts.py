@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,7 @@ def _dev(name: str, kind: str, uuid: str) -> Any:
         (AllocatedDevice("gpu-0", "r", share_id="s1"), True, "cannot be added"),
         (AllocatedDevice("mig-0", "r", share_id="s1"), False, "shares of whole GPUs only"),
         (AllocatedDevice("vfio-0", "r"), True, "GPUs and MIG devices only"),
+        (AllocatedDevice("placed-0", "r"), True, "made on demand"),
     ],
 )
 def test_which_devices_want_which_daemon(
@@ -264,6 +266,10 @@ def test_which_devices_want_which_daemon(
         "gpu-0": _dev("gpu-0", "gpu", UUID),
         "mig-0": _dev("mig-0", "mig", "MIG-00000000-bbbb-4ccc-8ddd-000000000000"),
         "vfio-0": _dev("vfio-0", "vfio", "GPU-vfio"),
+        "placed-0": replace(  # a MIG placement made on demand (NVIDIA_MIG_PARTITIONS)
+            _dev("placed-0", "mig", "MIG-11111111-bbbb-4ccc-8ddd-000000000001"),
+            extra=(("placement", f"{UUID},0,19,0,1,1"),),
+        ),
     }
     claim = ClaimContext("11111111-0000-4000-8000-000000000001", "ns", "c", ("r",), (allocated,))
 

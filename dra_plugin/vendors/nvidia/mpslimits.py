@@ -20,6 +20,7 @@ from dra_plugin.vendors.claimcontext import (
     VendorEntry,
 )
 from dra_plugin.vendors.nvidia import mpsdaemon
+from dra_plugin.vendors.nvidia.migentry import target_of
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits
 from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 
@@ -93,6 +94,11 @@ def wanted(
         if dev.attrs.get("type") not in kinds or not dev.uuid:
             what = "GPUs and MIG devices" if name in asked else "shares of whole GPUs"
             raise MakeError(f"device {name}: MPS is served on {what} only")
+        if target_of(dev) is not None:  # NVIDIA's driver: no MPS with DynamicMIG either
+            raise MakeError(
+                f"device {name}: MPS is not served on a MIG device made on demand "
+                "(NVIDIA_MIG_PARTITIONS); an administrator's MIG device takes it"
+            )
         if name in asked and asked[name].multi_user and not volta_or_newer(dev):
             raise MakeError(f"device {name}: MPS multiUser needs Volta or newer (7.0)")
     return asked, shared
