@@ -36,7 +36,8 @@ from dra_plugin.options import (
 )
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors import registry
-from dra_plugin.vendors.base import Driver, defaults
+from dra_plugin.vendors.base import Driver
+from dra_plugin.vendors.basicsettings import defaults
 
 __all__ = ["TAINT_EFFECTS", "Config", "ConfigError", "all_options", "parse"]
 

@@ -19,7 +19,6 @@ from dra_plugin.findings.findings import Finding, Status
 from dra_plugin.options import Option, Raw
 from dra_plugin.telemetry import catalogue as t
 from dra_plugin.vendors.base import (
-    BasicSettings,
     Discovered,
     DoctorContext,
     Driver,
@@ -29,6 +28,9 @@ from dra_plugin.vendors.base import (
     ReadError,
     TelemetryReader,
     Vendor,
+)
+from dra_plugin.vendors.basicsettings import (
+    BasicSettings,
     driver_name_option,
     sharing_options,
 )

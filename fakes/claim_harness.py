@@ -1,11 +1,10 @@
 """Claims under test: fake devices and claims, an in-memory API, and a crash harness.
 
 `python -m fakes.claim_harness ROUNDS SEED WORKDIR` runs crash rounds in ONE fresh
-interpreter (no threads in the parent), forking one child per plugin "process". Each child
-is a fresh process that (1) starts up (recovery), (2) repeats the kubelet call its killed
-predecessor was making and reports the result and the on-disk state, then (3) makes the next
-call with a step hook that SIGKILLs it at a randomly chosen step. The parent checks every
-report and prints a JSON summary on stdout.
+interpreter (no threads in the parent), forking one child per plugin "process": it starts
+up (recovery), repeats the kubelet call its killed predecessor was making and reports the
+result and the on-disk state, then makes the next call with a step hook that SIGKILLs it
+at a randomly chosen step. The parent checks every report and prints a JSON summary.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, State
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
+from dra_plugin.claims.onloop import OnLoop
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
@@ -150,6 +150,7 @@ def preparer(
     on_demand: OnDemand | None = None,
     opaque_configs: Collection[tuple[str, str]] = frozenset(),
     spare_files: bool = False,
+    on_loop: OnLoop | None = None,
 ) -> ClaimPreparer:
     """A ClaimPreparer over root/state and root/cdi (made here), reading claims from `api`
     and holding `devices`; `claim_edits` None is the core's node edits only."""
@@ -171,6 +172,7 @@ def preparer(
         on_demand=on_demand,
         opaque_configs=opaque_configs,
         spare_files=spare_files,
+        on_loop=on_loop,
     )
 
 

@@ -12,14 +12,13 @@ import logging
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import State, read_boot_id
-from dra_plugin.claims import context, devicemetadata, diskerrors, rebuild, specfiles
+from dra_plugin.claims import context, devicemetadata, diskerrors, specfiles
 from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
     ClaimFailed,
@@ -34,14 +33,15 @@ from dra_plugin.claims.contract import (
 )
 from dra_plugin.claims.fetch import FetchClaim, Fetched, fetch_all, known_completed
 from dra_plugin.claims.groupcommit import GroupCommit, JobKind, runs
+from dra_plugin.claims.lockedrecord import LockedRecord
 from dra_plugin.claims.made import MadeDevices
+from dra_plugin.claims.onloop import NotOnLoop, OnLoop
 from dra_plugin.claims.passthread import PassThread
 from dra_plugin.claims.preparepass import ClaimEditor, Parts, PreparePass
 from dra_plugin.claims.spares import Spares
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import OnDemand
 
 __all__ = [
@@ -97,7 +97,8 @@ class ClaimPreparer:
 
     Serialized by group commit (calls that queue while a pass runs share the next one,
     groupcommit.py) plus the checkpoint's file lock (overlapping instances); the claim GET
-    happens before, file work runs in a thread. A prepare pass is a PreparePass
+    happens before, file work runs in a thread, or on the loop for a lone prepare that
+    waits on nothing but the disk (onloop.py). A prepare pass is a PreparePass
     (preparepass.py): each claim's outcome a typed value (contract.Outcome).
     `on_step` exists only for crash tests: it is called at each named step
     (claim-started, spec-written, claim-completed, claim-unpreparing, spec-removed,
@@ -123,6 +124,7 @@ class ClaimPreparer:
         on_demand: OnDemand | None = None,
         opaque_configs: Collection[tuple[str, str]] = frozenset(),
         spare_files: bool = False,  # spares.py: the daemon's; tests count files made
+        on_loop: OnLoop | None = None,  # onloop.py; None: the default rules
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -137,6 +139,7 @@ class ClaimPreparer:
         self.sharing = sharing
         self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
         self._thread = PassThread(f"claims-{driver}")  # file work, off the event loop
+        self.on_loop = on_loop or OnLoop()  # ...but a lone prepare's pass (onloop.py)
         self._said: deque[tuple[str, str]] = deque()  # `prepared` lines not logged yet
         self._spares = Spares(cdi_root, driver) if spare_files else None
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
@@ -147,6 +150,9 @@ class ClaimPreparer:
             on_demand, self._metadata, contexts,
             lambda rec: self._checkpoint.put([rec], durable=False), cdi_root,
         )  # fmt: skip
+        self._record = LockedRecord(
+            self._checkpoint, cdi_root, driver, node_name, self._metadata, self._made
+        )
         self._parts = Parts(
             driver=driver,
             node_name=node_name,
@@ -162,7 +168,7 @@ class ClaimPreparer:
             opaque_configs=frozenset(opaque_configs),
             device_metadata=device_metadata,
             step=self._step,
-            settle=lambda state: self._drop_settled(state, after_crash=False),
+            settle=lambda state: self._record.settle(state, after_crash=False),
         )
         self.held: set[str] = set()
         self._unproven: set[str] = set()  # read from the API first (rebuild.unproven)
@@ -273,16 +279,50 @@ class ClaimPreparer:
             if job.ahead is not None:
                 job.made = await _made(job.ahead)
         devices = dict(self._devices())
-        result, held = await self._thread.run(
-            lambda: self._with_file_lock(lambda st: self._pass(st, jobs, devices))
-        )
-        if held is not None:
+        got = self._on_loop(jobs, devices) if self._lone(jobs) else None
+        if got is None:
+            got = await self._thread.run(
+                lambda: self._record.locked(lambda st: self._pass(st, jobs, devices))
+            )
+        result, held = got
+        if held != self.held:
             self.held = held
             if self._on_held is not None:
                 self._on_held(set(held))
         return result
 
-    def _pass(self, state: State, jobs: list[_Job], devices: Mapping[str, Device]) -> list[Any]:
+    def _lone(self, jobs: list[_Job]) -> bool:
+        """Condition 1 of onloop.py: one call of one claim, to be read from its GET."""
+        if len(jobs) != 1 or jobs[0].kind is not JobKind.PREPARE or len(jobs[0].refs) != 1:
+            return False
+        return jobs[0].refs[0].uid in jobs[0].fetched and self.on_loop.allowed()
+
+    def _on_loop(
+        self, jobs: list[_Job], devices: Mapping[str, Device]
+    ) -> tuple[list[Any], set[str]] | None:
+        """The pass run here, on the event loop; None when it must run in the thread
+        (onloop.py: nothing of it was done)."""
+        since, done = self.on_loop.started(), False
+        try:
+            got = self._record.locked(
+                lambda st: self._pass(st, jobs, devices, on_loop=True), on_loop=True
+            )
+            done = True
+            return got
+        except NotOnLoop as exc:
+            log.debug("prepare pass in the thread driver=%s: %s", self.driver, exc)
+            return None
+        finally:
+            self.on_loop.ran(since, done=done)
+
+    def _pass(
+        self,
+        state: State,
+        jobs: list[_Job],
+        devices: Mapping[str, Device],
+        *,
+        on_loop: bool = False,
+    ) -> list[Any]:
         """One locked pass over queued calls, in order; runs of prepares (or unprepares)
         become one prepare: one journal write per phase, one fsync per directory."""
         out: list[Any] = []
@@ -293,74 +333,23 @@ class ClaimPreparer:
                     refs.setdefault(r.uid, r)  # a claim in two calls is prepared once
             try:
                 if run[0].kind is JobKind.STARTUP:
-                    self._startup(state)
+                    self._unproven = self._record.startup(state)
                     done: Mapping[str, Any] = {}
                 elif run[0].kind is JobKind.PREPARE:
                     fetched = {u: f for job in run for u, f in job.fetched.items()}
                     ahead = {u: t for job in run for u, t in job.made.items()}
-                    done = self._prepare(state, list(refs.values()), fetched, devices, ahead)
+                    done = self._prepare(
+                        state, list(refs.values()), fetched, devices, ahead, on_loop=on_loop
+                    )
                 else:
                     done = self._unprepare(state, list(refs.values()))
+            except NotOnLoop:
+                raise  # nothing done: the pass runs again in the thread
             except Exception as exc:  # noqa: BLE001 - the callers of this run get it
                 out.extend([exc] * len(run))
                 continue
             out.extend({r.uid: done[r.uid] for r in job.refs} for job in run)
         return out
-
-    def _with_file_lock(self, fn: Callable[[State], _T]) -> tuple[_T, set[str] | None]:
-        with self._checkpoint.lock:
-            loaded = self._checkpoint.load(
-                partial(rebuild.rebuild, self.cdi_root, self.driver, self.node_name)
-            )
-            state = loaded.state
-            self._drop_settled(state)
-            if loaded.rebooted:
-                log.warning(
-                    "checkpoint is from an earlier boot driver=%s claims=%d: keeping them; "
-                    "their CDI specs are re-rendered when the kubelet prepares them again",
-                    self.driver,
-                    len(state.claims),
-                )
-                try:
-                    self._checkpoint.mark_boot()
-                except OSError as exc:  # tried again by the next pass
-                    log.error("cannot record the boot in the checkpoint: %s", exc)
-            result = fn(state)
-            held = set(state.claims.by_device)  # O(devices), not claims
-        return result, (None if held == self.held else held)
-
-    def _drop_settled(self, state: State, *, after_crash: bool = True) -> list[str]:
-        """Undo/finish half-done entries. When even recording that fails (disk full) they
-        stay as they are, consistent, and the next pass tries again.
-
-        After a crash, a `started` prepare whose spec and record file were both written
-        whole is kept as prepared: a journal cut short looks the same, and undoing an
-        acknowledged prepare would hand its device to another claim. The kubelet prepares
-        it again (answered from the record) or unprepares it."""
-        written = rebuild.written(state, self.cdi_root, self.driver) if after_crash else []
-        if written:
-            try:
-                self._checkpoint.put(written)
-            except OSError as exc:  # the next pass tries again; until then they stay held
-                log.error("cannot record kept claims in the checkpoint: %s", exc)
-        dropped = rebuild.settle(state, self.cdi_root, self._made.remove_owned)
-        try:
-            self._checkpoint.drop(dropped)
-        except OSError as exc:
-            log.error("cannot record settled claims %s in the checkpoint: %s", dropped, exc)
-        return dropped
-
-    def _startup(self, state: State) -> None:
-        self._checkpoint.remove_temp_files()
-        adopted = rebuild.adopt_orphans(state, self.cdi_root, self.driver, self.node_name)
-        if adopted:
-            self._checkpoint.put(adopted)
-            metrics.checkpoint_damage(self.driver, "cdi", "claims missing")
-        intact = self._checkpoint.damage is None and not adopted
-        rebuild.collect_orphans(state, self.cdi_root, self.driver, intact=intact)
-        self._metadata.collect_orphans(state.claims.values())
-        self._made.reconcile(state)
-        self._unproven = rebuild.unproven(state, self.cdi_root, self.driver)
 
     def _step(self, name: str) -> None:
         if self._on_step is not None:
@@ -374,8 +363,10 @@ class ClaimPreparer:
         fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
         ahead: Mapping[str, list[Path]],
+        *,
+        on_loop: bool = False,
     ) -> dict[str, Outcome]:
-        claim_pass = PreparePass(self._parts, state, devices, ahead)
+        claim_pass = PreparePass(self._parts, state, devices, ahead, on_loop=on_loop)
         done = claim_pass.run(refs, fetched, self._unproven)
         self._said.extend(claim_pass.said)
         self._unproven.difference_update(claim_pass.recorded)  # judged on the API's word

@@ -46,6 +46,22 @@ def remove(cdi_root: Path, spec_file: str) -> bool:
     return cdi.remove_spec(cdi_root, spec_file, beside=[specrecord.path(cdi_root, spec_file)])
 
 
+def surely_removed(cdi_root: Path, spec_file: str) -> bool:
+    """Remove a spec and its record; True when the spec is surely gone (a read-only dir
+    refuses even the removal of a file that was never created)."""
+    try:
+        remove(cdi_root, spec_file)
+        return True
+    except OSError:
+        try:
+            (cdi_root / spec_file).lstat()
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
 def problem(cdi_root: Path, driver: str, rec: ClaimRecord) -> str:
     """'' when the claim's spec is the one we wrote for `rec` (cdi.spec_problem) with its
     record beside it; else what is wrong. Two small reads."""

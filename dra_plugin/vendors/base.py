@@ -18,28 +18,21 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
 from dra_plugin.cdi.claims import ClaimEdits, device_node_edits
-from dra_plugin.devices import Device, Health, valid_driver_name
+from dra_plugin.devices import Device, Health
 from dra_plugin.findings.findings import Finding
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.hostview import Host, PciGpu
 from dra_plugin.host.udev import DrmEvent, UdevScan
 from dra_plugin.options import (
-    EVERY,
-    RUN_DISCOVER,
-    ConfigError,
     Option,
     Raw,
-    RawValues,
-    attr_name,
-    label,
-    number,
-    shown,
 )
-from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, MAX_SHARES, MODES, SHARED, Sharing
+from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry.catalogue import Reading
 from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
 from dra_plugin.vendors.workloads import Workloads
@@ -122,6 +115,14 @@ class Made:
     vendor: Mapping[str, VendorEntry] = field(default_factory=dict)
 
 
+class Work(IntEnum):
+    """What `OnDemand.make` would do for a claim (`OnDemand.work`); the most of several."""
+
+    NONE = 0  # nothing: `make` would return the devices as given, with no vendor entry
+    FILES = 1  # small files of ours only: no slower than the claim's own spec write
+    WAITS = 2  # waits on something slower than this node's disk: the GPU, a tool, a process
+
+
 class OnDemand(Protocol):
     """Devices a driver makes when a claim is prepared and destroys when it is
     unprepared (partitions of a GPU made on demand). The core calls these with the claim's
@@ -136,6 +137,13 @@ class OnDemand(Protocol):
         unchanged. What must be on disk before the hardware changes (where the device
         will be made) goes into the claim's record first, with `claim.record`. On
         failure undoes what this call made and raises MakeError."""
+        ...
+
+    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
+        """What `make` would do for this claim, asked first (with the lock held, before
+        its `started` entry) and changing nothing. NONE: `make` is not called. FILES or
+        NONE: a lone prepare's pass may run on the event loop (claims/onloop.py), so say
+        WAITS whenever unsure."""
         ...
 
     def release(self, claim: ClaimContext) -> None:
@@ -302,99 +310,3 @@ def as_driver(driver: Driver, kind: type[D]) -> D:
     if not isinstance(driver, kind):
         raise TypeError(f"{driver.vendor.name} driver is not a {kind.__name__}")
     return driver
-
-
-# --- settings every vendor has: its driver name, and sharing ------------------------------
-
-
-def driver_name_option(vendor: str, title: str, default: str) -> Option:
-    return Option(
-        f"--{vendor}-driver-name",
-        f"{vendor.upper()}_DRIVER_NAME",
-        f"DRA driver name for {title} GPUs",
-        default,
-        commands=EVERY,
-    )
-
-
-def sharing_options(
-    vendor: str, what: str, exclusive_help: str, shared_help: str
-) -> tuple[Option, ...]:
-    return (
-        Option(
-            f"--{vendor}-sharing",
-            f"{vendor.upper()}_SHARING",
-            f"exclusive: {exclusive_help}; shared: {shared_help}",
-            EXCLUSIVE,
-            MODES,
-            commands=RUN_DISCOVER,  # discover renders the slices run would publish
-        ),
-        Option(
-            f"--{vendor}-shares",
-            f"{vendor.upper()}_SHARES",
-            f"shares per {what} when shared",
-            str(DEFAULT_SHARES),
-            commands=RUN_DISCOVER,
-        ),
-    )
-
-
-def vfio_option(vendor: str, title: str, drivers: str, kind: str = "") -> Option:
-    """The switch that also publishes a vendor's VFIO-bound GPUs (`Driver.vfio`)."""
-    return Option(
-        f"--{vendor}-vfio",
-        f"{vendor.upper()}_VFIO",
-        f"also publish {title} GPUs bound to {drivers} (VM passthrough; {kind}claims get "
-        "/dev/vfio nodes); drivers are never rebound",
-        "false",
-        ("true", "false"),
-        commands=RUN_DISCOVER,  # it changes what is published
-    )
-
-
-def parse_vfio(vendor: str, raw: Raw) -> bool:
-    return raw[f"{vendor}_vfio"] == "true"
-
-
-def parse_driver_name(vendor: str, raw: Raw) -> str:
-    attr = f"{vendor}_driver_name"
-    name = raw[attr]
-    if not valid_driver_name(name):
-        raise ConfigError(
-            f"{shown(raw, attr)} is not a lowercase DNS subdomain of at most 63 characters"
-        )
-    return name
-
-
-def parse_shares(vendor: str, raw: Raw) -> tuple[str, int]:
-    """(mode, shares) of a vendor's sharing flags."""
-    key = f"{vendor}_shares"
-    shares = int(number(label(raw, key), raw[key], int, 1))
-    if shares > MAX_SHARES:
-        raise ConfigError(f"{shown(raw, key)} must be <= {MAX_SHARES}")
-    return raw[f"{vendor}_sharing"], shares
-
-
-@dataclass(frozen=True)
-class BasicSettings:
-    """Settings of a vendor with no options beyond its driver name and sharing."""
-
-    driver_name: str
-    sharing_mode: str = EXCLUSIVE
-    shares: int = DEFAULT_SHARES
-
-    @property
-    def sharing(self) -> Sharing | None:
-        return Sharing(self.shares) if self.sharing_mode == SHARED else None
-
-    @classmethod
-    def parse(cls, vendor: str, raw: Raw) -> BasicSettings:
-        mode, shares = parse_shares(vendor, raw)
-        return cls(parse_driver_name(vendor, raw), mode, shares)
-
-
-def defaults(options: Sequence[Option]) -> RawValues:
-    """Raw values of `options` at their defaults (named by their env twins)."""
-    return RawValues(
-        {attr_name(o): o.default for o in options}, {attr_name(o): o.env for o in options}
-    )

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,37 @@ def test_claim_with_mps_config_gets_its_daemon_ready_and_everything_goes_at_unpr
         await api.close()
 
     asyncio.run(go())
+
+
+def test_a_claim_that_starts_a_daemon_runs_its_pass_in_the_thread(
+    tmp_path: Path, world: MpsWorld, server: FakeAPIServer
+) -> None:
+    """Waiting for a daemon on the event loop would stop the loop the wait needs (the
+    Deployment is made through it): such a pass never starts there (claims/onloop.py),
+    while a claim of the same driver that asks for no MPS runs on the loop."""
+    plain = server.add_claim(claim_obj(UID1, ["gpu-0"]))
+    served = server.add_claim(claim_obj(UID2, ["gpu-1"], config=mps_config(threads=50)))
+    loop_thread = threading.get_ident()
+    where: list[str] = []
+
+    def step(name: str) -> None:
+        if name == "claim-started":
+            where.append("loop" if threading.get_ident() == loop_thread else "thread")
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, on_step=step)
+        await prep.startup()
+        with MpsNode(server, NODE, world):
+            assert (await prep.prepare([ref(plain)]))[UID1].error == ""
+            assert (await prep.prepare([ref(served)]))[UID2].error == ""
+            assert len(deployments(server)) == 1
+            assert await prep.unprepare([ref(plain), ref(served)]) == {UID1: "", UID2: ""}
+        await api.close()
+
+    asyncio.run(go())
+    assert where == ["loop", "thread"]
+    nothing_left(tmp_path, server, world)
 
 
 def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compute_mode(

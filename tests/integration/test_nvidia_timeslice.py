@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,17 @@ def test_an_admin_access_claim_sets_its_interval_and_never_the_compute_mode(
 def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """...and its pass runs on the event loop; a claim whose pass runs nvidia-smi runs it
+    in the pass thread (claims/onloop.py), both as lone prepares."""
     _, smi, api, make = node_for(tmp_path, monkeypatch)
-    node = make()
+    loop_thread = threading.get_ident()  # asyncio.run's loop runs in this thread
+    where: list[str] = []
+
+    def step(name: str) -> None:
+        if name == "claim-started":
+            where.append("loop" if threading.get_ident() == loop_thread else "thread")
+
+    node = make(on_step=step)
     rendered: list[str] = []
     edits = node.preparer._parts.claim_edits
 
@@ -155,6 +165,7 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     assert rendered == [ref(plain).uid]  # once: the step made nothing for it
     assert prepare(node, sliced) == ""
     assert rendered.count(ref(sliced).uid) == 1  # once, after the step recorded its entry
+    assert where == ["loop", "thread"]
     assert unprepare(node, plain) == ""
     assert smi.calls() == [
         ["-i", GPU1, "-c", "DEFAULT"],

@@ -17,7 +17,7 @@ from dra_plugin.devices import Device, make_device
 from dra_plugin.slices.publisher import SlicePublisher
 from dra_plugin.vendors.amd import cumask
 from dra_plugin.vendors.amd.vendor import AmdVendor
-from dra_plugin.vendors.base import defaults
+from dra_plugin.vendors.basicsettings import defaults
 from dra_plugin.vendors.intel.vendor import IntelVendor
 from fakes.claim_harness import intel_device
 from fakes.judges.apiserver import ApiServer

@@ -26,7 +26,6 @@ from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
 from dra_plugin.vendors.amd.ras import RasWatcher
 from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
 from dra_plugin.vendors.base import (
-    BasicSettings,
     Discovered,
     DoctorContext,
     Driver,
@@ -36,6 +35,9 @@ from dra_plugin.vendors.base import (
     OnDemand,
     TelemetryReader,
     Vendor,
+)
+from dra_plugin.vendors.basicsettings import (
+    BasicSettings,
     driver_name_option,
     parse_driver_name,
     parse_shares,

@@ -12,7 +12,6 @@ from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.options import Option, Raw, number
 from dra_plugin.vendors.base import (
-    BasicSettings,
     Discovered,
     DoctorContext,
     Driver,
@@ -21,6 +20,9 @@ from dra_plugin.vendors.base import (
     MonitorHooks,
     TelemetryReader,
     Vendor,
+)
+from dra_plugin.vendors.basicsettings import (
+    BasicSettings,
     driver_name_option,
     parse_driver_name,
     parse_shares,

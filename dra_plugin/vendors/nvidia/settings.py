@@ -19,7 +19,7 @@ from dra_plugin.options import (
     split,
 )
 from dra_plugin.sharing import DEFAULT_SHARES, EXCLUSIVE, SHARED, Sharing
-from dra_plugin.vendors.base import (
+from dra_plugin.vendors.basicsettings import (
     driver_name_option,
     parse_driver_name,
     parse_shares,
