@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import State, read_boot_id
-from dra_plugin.claims import context, devicemetadata, diskerrors, specfiles
+from dra_plugin.claims import context, devicemetadata, diskerrors, spares, specfiles
 from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
     ClaimFailed,
@@ -62,25 +62,6 @@ __all__ = [
 # Reboot policy (claims prepared before a reboot are KEPT): see rebuild.py.
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-async def _made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, list[Path]]:
-    """What `_make_ahead` made; nothing when it failed (the write makes its files)."""
-    if ahead is None:
-        return {}
-    try:
-        return await ahead
-    except (OSError, cdi.CdiError) as exc:
-        log.debug("temp files not made ahead: %s", exc)
-        return {}
-
-
-def _discard_made(ahead: asyncio.Task[dict[str, list[Path]]]) -> None:
-    """Done callback of `_make_ahead` for a caller that went away before its pass."""
-    if ahead.cancelled() or ahead.exception() is not None:
-        return
-    temps = [t for ts in ahead.result().values() for t in ts]
-    asyncio.get_running_loop().run_in_executor(None, specfiles.discard, temps)
 
 
 @dataclass
@@ -137,7 +118,7 @@ class ClaimPreparer:
         self.state_dir = state_dir
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
-        self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch)
+        self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch, alone=self._now)
         self._thread = PassThread(f"claims-{driver}")  # file work, off the event loop
         self.on_loop = on_loop or OnLoop()  # ...but a lone prepare's pass (onloop.py)
         self._said: deque[tuple[str, str]] = deque()  # `prepared` lines not logged yet
@@ -206,7 +187,7 @@ class ClaimPreparer:
                 fetched = await fetch_all(self._fetch, todo)
             except BaseException:  # cancelled by the kubelet: its files go when made
                 if ahead is not None:
-                    ahead.add_done_callback(_discard_made)
+                    ahead.add_done_callback(spares.discard_made)
                 if spare and self._spares is not None:
                     self._spares.give_back(spare)
                 raise
@@ -277,14 +258,28 @@ class ClaimPreparer:
     async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
         for job in jobs:  # made while the GETs were under way: done by now, normally
             if job.ahead is not None:
-                job.made = await _made(job.ahead)
+                job.made = await spares.made(job.ahead)
         devices = dict(self._devices())
         got = self._on_loop(jobs, devices) if self._lone(jobs) else None
         if got is None:
             got = await self._thread.run(
                 lambda: self._record.locked(lambda st: self._pass(st, jobs, devices))
             )
-        result, held = got
+        return self._after_pass(*got)
+
+    def _now(self, job: _Job) -> Any:
+        """GroupCommit's `alone`: a job that found nothing running or queued, its pass run
+        now in the caller's task where it may run on the loop; None: it queues."""
+        if not self._lone([job]):
+            return None
+        if job.ahead is not None:  # its temp files: made by now, normally
+            if not job.ahead.done():
+                return None
+            job.made, job.ahead = spares.made_now(job.ahead), None
+        got = self._on_loop([job], dict(self._devices()))
+        return None if got is None else self._after_pass(*got)[0]
+
+    def _after_pass(self, result: list[Any], held: set[str]) -> list[Any]:
         if held != self.held:
             self.held = held
             if self._on_held is not None:

@@ -12,6 +12,11 @@ becomes passes of 1, 2, 7, 13 and 41 claims, each running in its thread while th
 loop still serves the later calls and their GETs: the two fight over the GIL and both
 slow down. With it the GETs finish first and one pass follows, as for one call carrying
 the 64. A lone call never waits.
+
+`alone(job)`, where given, may run a job that finds nothing running, queued or on its
+way at once in the caller's task, without a pass task and the two hand-offs through it;
+it returns the job's result (an exception instance: raised to the caller), or None to
+queue the job as any other. It must not await: nothing else may start meanwhile.
 """
 
 from __future__ import annotations
@@ -52,10 +57,12 @@ class GroupCommit(Generic[J, R]):
         self,
         run: Callable[[list[J]], Awaitable[Sequence[R | BaseException]]],
         *,
+        alone: Callable[[J], R | BaseException | None] | None = None,
         linger: float = 0.25,
         gap: float = 0.01,
     ) -> None:
         self._run = run
+        self._alone = alone
         self.linger = linger
         self.gap = gap
         self._queue: list[tuple[J, asyncio.Future[R]]] = []
@@ -79,6 +86,13 @@ class GroupCommit(Generic[J, R]):
         return idle and not self._queue and not self._arriving
 
     async def submit(self, job: J) -> R:
+        if self._alone is not None and self.quiet():
+            got = self._alone(job)
+            if got is not None:
+                self.passes += 1
+                if isinstance(got, BaseException):
+                    raise got
+                return got
         fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.append((job, fut))
         if self._submitted is not None:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 _Call = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
-_Item = _Call | Callable[[Callable[[], bool]], None] | None  # run's, post's, stop's
+_Item = _Call | Callable[[], None] | None  # run's, post's, stop's
 log = logging.getLogger(__name__)
 
 
@@ -52,9 +52,9 @@ class PassThread:
         self._put((fn, loop, fut))
         return await fut
 
-    def post(self, fn: Callable[[Callable[[], bool]], None]) -> None:
-        """`fn(busy)` in the thread, nobody waiting for it (errors are logged); `busy()`
-        says whether other work waits for the thread meanwhile (then `fn` should stop)."""
+    def post(self, fn: Callable[[], None]) -> None:
+        """`fn()` in the thread after the work queued before it, nobody waiting for it
+        (errors are logged)."""
         self._put(fn)
 
     def stop(self, timeout: float) -> None:
@@ -88,7 +88,7 @@ class PassThread:
                 return
             if not isinstance(item, tuple):
                 try:
-                    item(self.busy)
+                    item()
                 except Exception:  # nobody waits for it: said, and the thread goes on
                     log.exception("%s: background work failed", self.name)
                 del item
@@ -102,7 +102,3 @@ class PassThread:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_settle, fut, ok, value)
             del item, fn, fut, value  # not kept alive while the thread waits
-
-    def busy(self) -> bool:
-        """Whether work waits for the thread."""
-        return not self._queue.empty()

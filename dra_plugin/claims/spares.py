@@ -5,8 +5,8 @@ each when quiet and 0.3-0.7 ms right after an fsync (the journal's commit), agai
 0.02 ms for a rename. A lone prepare used to make its spec's and record's temp files
 while its claim's GET was under way (`made_ahead`); the two files took longer than the
 GET, so the pass waited for them. Now, once a prepare has answered, its thread makes two
-empty temp files (asked for once the answer is on its way, made only while no other
-work waits for the thread), and the next lone prepare takes them:
+empty temp files (asked for once the answer is on its way), and the next lone prepare
+takes them:
 its write only fills and renames them. A prepare that finds none makes its own while its
 GET runs, as before.
 
@@ -18,12 +18,14 @@ before it writes (host.files.atomic_write_all), else makes the file itself.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
+from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi.claims import CLAIM_CLASS
+from dra_plugin.claims import specfiles
 from dra_plugin.host import files
 
 log = logging.getLogger(__name__)
@@ -58,10 +60,13 @@ class Spares:
         with self._lock:
             self._files.extend(spares)
 
-    def restock(self, busy: Callable[[], bool]) -> None:
-        """In the pass thread after an answer: make what is missing, one file at a time,
-        stopping as soon as other work waits (`busy`), so a pass waits for one at most."""
-        while not busy():
+    def restock(self) -> None:
+        """In the pass thread after an answer: make what is missing for one claim, even
+        while a pass waits for the thread (the kubelet's unprepare right after a prepare):
+        two files at most, 0.3-0.6 ms for the pass behind them; stopping half-way left
+        the next lone prepare none (it takes both or none). That prepare, alone, runs its
+        pass on the event loop (onloop.py) and waits for no thread."""
+        while True:
             with self._lock:
                 if len(self._files) >= PER_CLAIM:
                     return
@@ -72,3 +77,35 @@ class Spares:
                 return
             with self._lock:
                 self._files.extend(made)
+
+
+# --- temp files made during a lone claim's GET, where no spares were left --------------
+
+
+async def made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, list[Path]]:
+    """What a lone claim's temp files task made (ClaimPreparer._make_ahead); nothing
+    when it failed (the write makes its files)."""
+    if ahead is None:
+        return {}
+    try:
+        return await ahead
+    except (OSError, cdi.CdiError) as exc:
+        log.debug("temp files not made ahead: %s", exc)
+        return {}
+
+
+def made_now(ahead: asyncio.Task[dict[str, list[Path]]]) -> dict[str, list[Path]]:
+    """`made` of a task that is done."""
+    try:
+        return ahead.result()
+    except (OSError, cdi.CdiError) as exc:
+        log.debug("temp files not made ahead: %s", exc)
+        return {}
+
+
+def discard_made(ahead: asyncio.Task[dict[str, list[Path]]]) -> None:
+    """Done callback of `_make_ahead` for a caller that went away before its pass."""
+    if ahead.cancelled() or ahead.exception() is not None:
+        return
+    temps = [t for ts in ahead.result().values() for t in ts]
+    asyncio.get_running_loop().run_in_executor(None, specfiles.discard, temps)

@@ -31,6 +31,7 @@ from fakes.claim_harness import (
     result,
     uid,
 )
+from fakes.waits import wait_for
 
 DEVICES = [intel_device(i) for i in range(4)]
 D0, D1, D2 = DEVICES[0].name, DEVICES[1].name, DEVICES[2].name
@@ -85,10 +86,14 @@ def test_a_lone_prepare_runs_on_the_loop_and_every_other_pass_in_the_thread(
 ) -> None:
     objs = [claim(i, [result(DEVICES[i].name)]) for i in range(3)]
     api, steps = FakeApi(objs), Steps()
-    p = started(harness, api, steps)
+    p = started(harness, api, steps, spare_files=True)  # as the daemon runs
+    assert p._spares is not None
+    wait_for(lambda: not p._spares.low(), what="spare temp files made after start-up")
+    worker = p._commit._worker  # start-up's pass task
     assert prepare(p, objs[0]) == {uid(0): ""}
     assert steps.where() == ["loop"] and steps.where("claim-completed") == ["loop"]
     assert p.on_loop.passes == 1
+    assert p._commit._worker is worker  # run in the caller's task: no pass task was made
     assert prepare(p, objs[1], objs[2]) == {uid(1): "", uid(2): ""}  # one call, two claims
     assert steps.where() == ["loop", "thread"]
     assert asyncio.run(p.unprepare([ref(objs[0])])) == {uid(0): ""}
@@ -96,6 +101,7 @@ def test_a_lone_prepare_runs_on_the_loop_and_every_other_pass_in_the_thread(
     assert prepare(p, objs[0]) == {uid(0): ""}  # back on the loop
     assert steps.where() == ["loop", "thread", "loop"]
     assert p.on_loop.passes == 2
+    p.close()  # its spare temp files go
     check_consistent(harness.root)
 
 

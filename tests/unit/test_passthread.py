@@ -81,7 +81,7 @@ def test_stop_ends_the_thread_after_the_work_queued() -> None:
 
     async def main() -> None:
         assert await worker.run(lambda: 1) == 1
-        worker.post(lambda busy: done.append(2))
+        worker.post(lambda: done.append(2))
 
     asyncio.run(main())
     worker.stop(timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
 from dra_plugin.claims.claims import ClaimPreparer, Prepared
+from dra_plugin.claims.passthread import PassThread
+from dra_plugin.claims.spares import Spares
 from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result, uid
 
 DEVICES = [intel_device(i) for i in range(2)]
@@ -99,3 +102,24 @@ def test_close_removes_the_spares(tmp_path: Path) -> None:
     wait_for_spares(cdi_dir)
     p.close()
     assert spares(cdi_dir) == {}
+
+
+def test_a_restock_makes_one_claims_worth_even_while_a_pass_waits(tmp_path: Path) -> None:
+    """The kubelet's unprepare right after a prepare used to cut the restock short after
+    one file, and the next lone prepare (it takes both or none) made its own."""
+    stock = Spares(tmp_path, DRIVER)
+    thread = PassThread("spares-test")
+    gate = threading.Event()
+
+    async def go() -> None:
+        blocked = asyncio.ensure_future(thread.run(gate.wait))  # the thread is busy
+        await asyncio.sleep(0.01)
+        thread.post(stock.restock)
+        waiting = asyncio.ensure_future(thread.run(lambda: len(stock.take())))  # a pass
+        await asyncio.sleep(0.01)
+        gate.set()
+        await blocked
+        assert await waiting == 2
+
+    asyncio.run(go())
+    thread.stop(timeout=10)
