@@ -127,10 +127,12 @@ class MpsStep:
 
     # --- OnDemand ----------------------------------------------------------------------
     def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        """WAITS for a daemon to start or wait for: the claim's own made before (anything
-        at its dir), or one its configs or its share ask for (`make` raises for a config
-        it refuses); else `make` does nothing (`_plan` is None)."""
-        if files.kind(self._dir(f"claim-{claim.uid}")) is not None:
+        """WAITS for a daemon to start or wait for: one the claim's configs or its share
+        ask for (`make` raises for a config it refuses), else `make` does nothing (`_plan`
+        is None). A claim read from the API has its configs, which never change with its
+        allocation: a daemon of its own made before was asked for by them. One known
+        from the record alone has none: anything at its daemon dir is what it needs."""
+        if claim.from_record and files.kind(self._dir(f"claim-{claim.uid}")) is not None:
             return Work.WAITS
         by_name = {d.name: d for d in devices}
         asked, shared = mpslimits.wanted(claim, by_name, self.mps_for, self.options.shares)
