@@ -115,6 +115,8 @@ class ClaimContext:
 
     def with_vendor(self, entries: Mapping[str, VendorEntry | None]) -> ClaimContext:
         """This context with the vendor entries of the named devices replaced."""
+        if not entries:  # a claim about to be made has none yet: no copy on its way
+            return self
         devs = tuple(
             replace(d, vendor=entries[d.device]) if d.device in entries else d for d in self.devices
         )
