@@ -175,6 +175,45 @@ def test_lowest_version_and_cap() -> None:
         cdi.render_claim_spec(DRIVER, UID_DIGIT, [plain], max_version="0.4.0")
 
 
+def test_a_spec_shape_is_checked_once_and_its_bytes_are_the_specs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The version and the validation run once per shape (the spec less its claim uid);
+    what is written is byte for byte the spec's own JSON; a cap and an invalid spec are
+    still refused every time."""
+    monkeypatch.setattr(cdi, "_CHECKED", {})
+    checks: list[int] = []
+    real = cdi.validate_spec
+
+    def counting(spec: Any, **kw: Any) -> list[str]:
+        checks.append(1)
+        return real(spec, **kw)
+
+    monkeypatch.setattr(cdi, "validate_spec", counting)
+    dev = intel_device(2)
+    first = cdi.render_claim_spec(DRIVER, UID_LETTER, [dev], max_version="0.8.0")
+    other = UID_LETTER.replace("0001", "0002")
+    again = cdi.render_claim_spec(DRIVER, other, [dev], max_version="0.8.0")
+    assert len(checks) == 1  # the same shape for another claim
+    for r in (first, again):
+        assert r.encoded == cdi._encode(r.spec) and cdispec.validate_spec(r.spec) == []
+    assert again.spec["cdiVersion"] == first.spec["cdiVersion"] == "0.5.0"
+    # A uid starting with a digit is another shape (it may need another version).
+    cdi.render_claim_spec(DRIVER, UID_DIGIT, [dev], max_version="0.8.0")
+    assert len(checks) == 2
+    with pytest.raises(cdi.CdiError, match=r"needs cdiVersion 0\.5\.0 .* maximum 0\.4\.0"):
+        cdi.render_claim_spec(DRIVER, other, [dev], max_version="0.4.0")  # from the cache
+    # An invalid spec is never remembered: refused again, and checked each time.
+    bad = make_device(
+        name="d0", vendor="intel", driver=DRIVER, attributes={},
+        nodes=(DeviceNode("relative/path", 226, 0),),
+    )  # fmt: skip
+    for _ in range(2):
+        with pytest.raises(cdi.CdiError, match="rendered CDI spec is invalid"):
+            cdi.render_claim_spec(DRIVER, UID_LETTER, [bad], max_version="0.8.0")
+    assert len(checks) == 4
+
+
 def test_options_from_config() -> None:
     cfg = parse(
         [
