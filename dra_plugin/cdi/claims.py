@@ -177,8 +177,10 @@ def render_claim_spec(
     if spec_edits:
         body["containerEdits"] = spec_edits
     raw = _encode(body)
-    shape = (raw.replace(claim_uid.encode(), b"\0"), len(claim_uid), claim_uid[:1].isdigit())
-    checked = _CHECKED.get(shape) if len(claim_uid) >= 16 else None
+    shape = None  # a short uid is too likely to stand elsewhere in the spec: not masked
+    if len(claim_uid) >= 16:
+        shape = (raw.replace(claim_uid.encode(), b"\0"), len(claim_uid), claim_uid[0].isdigit())
+    checked = _CHECKED.get(shape) if shape is not None else None
     spec = {"cdiVersion": EARLIEST_VERSION, **body}
     needed, why = checked or required_version(spec)
     if version_key(needed) > version_key(max_version):
@@ -191,9 +193,10 @@ def render_claim_spec(
         errors = validate_spec(spec, version_needed=needed)  # its version is the one needed
         if errors:
             raise CdiError(f"rendered CDI spec is invalid: {'; '.join(errors)}")
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED[shape] = (needed, why)
+        if shape is not None:
+            if len(_CHECKED) >= _CHECKED_MAX:
+                _CHECKED.clear()
+            _CHECKED[shape] = (needed, why)
     # _encode(spec): sorted keys put "cdiVersion" first, before what `raw` holds.
     encoded = b'{"cdiVersion":' + json.dumps(needed).encode() + b"," + raw[1:]
     return RenderedSpec(file_name, spec, ids, encoded)

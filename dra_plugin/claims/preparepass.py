@@ -19,7 +19,8 @@ would be undone (rebuild.settle). A claim prepared already is answered from its 
 its spec written again where it is not what was written (`_again`).
 
 A pass on the event loop (onloop.py) stops with NotOnLoop before any `started` entry
-where devices must wait to be made or a claim is prepared already (spec made again?).
+where devices must wait to be made, or where a claim is prepared already (its spec may
+have to be made again, its devices with it).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ before it writes (host.files.atomic_write_all), else makes the file itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from pathlib import Path
@@ -87,11 +88,9 @@ async def made(ahead: asyncio.Task[dict[str, list[Path]]] | None) -> dict[str, l
     when it failed (the write makes its files)."""
     if ahead is None:
         return {}
-    try:
-        return await ahead
-    except (OSError, cdi.CdiError) as exc:
-        log.debug("temp files not made ahead: %s", exc)
-        return {}
+    with contextlib.suppress(OSError, cdi.CdiError):
+        await ahead  # a failure is read (and said) by made_now
+    return made_now(ahead)
 
 
 def made_now(ahead: asyncio.Task[dict[str, list[Path]]]) -> dict[str, list[Path]]:
