@@ -269,7 +269,6 @@ async def _claims(
         device_metadata=cfg.device_metadata,
         on_demand=d.on_demand,
         opaque_configs=d.bound.opaque_configs,
-        spare_files=True,
     )
     stack.callback(d.preparer.close)  # after the servers' stop: no call is left
     await d.preparer.startup()

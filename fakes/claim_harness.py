@@ -26,7 +26,6 @@ from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, State
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
-from dra_plugin.claims.onloop import OnLoop
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
@@ -149,8 +148,6 @@ def preparer(
     claim_edits: Any = _VENDOR_EDITS,
     on_demand: OnDemand | None = None,
     opaque_configs: Collection[tuple[str, str]] = frozenset(),
-    spare_files: bool = False,
-    on_loop: OnLoop | None = None,
 ) -> ClaimPreparer:
     """A ClaimPreparer over root/state and root/cdi (made here), reading claims from `api`
     and holding `devices`; `claim_edits` None is the core's node edits only."""
@@ -171,8 +168,6 @@ def preparer(
         device_metadata=device_metadata,
         on_demand=on_demand,
         opaque_configs=opaque_configs,
-        spare_files=spare_files,
-        on_loop=on_loop,
     )
 
 

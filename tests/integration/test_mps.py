@@ -143,8 +143,8 @@ def test_a_claim_that_starts_a_daemon_runs_its_pass_in_the_thread(
     tmp_path: Path, world: MpsWorld, server: FakeAPIServer
 ) -> None:
     """Waiting for a daemon on the event loop would stop the loop the wait needs (the
-    Deployment is made through it): such a pass never starts there (claims/onloop.py),
-    while a claim of the same driver that asks for no MPS runs on the loop."""
+    Deployment is made through it): no pass runs there, neither this one nor that of a
+    claim of the same driver that asks for no MPS (claims/claims.py)."""
     plain = server.add_claim(claim_obj(UID1, ["gpu-0"]))
     served = server.add_claim(claim_obj(UID2, ["gpu-1"], config=mps_config(threads=50)))
     loop_thread = threading.get_ident()
@@ -166,7 +166,7 @@ def test_a_claim_that_starts_a_daemon_runs_its_pass_in_the_thread(
         await api.close()
 
     asyncio.run(go())
-    assert where == ["loop", "thread"]
+    assert where == ["thread", "thread"]
     nothing_left(tmp_path, server, world)
 
 

@@ -137,8 +137,8 @@ def test_an_admin_access_claim_sets_its_interval_and_never_the_compute_mode(
 def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """...and its pass runs on the event loop; a claim whose pass runs nvidia-smi runs it
-    in the pass thread (claims/onloop.py), both as lone prepares."""
+    """...and, as every pass, both lone prepares run in the pass thread, never on the
+    event loop (claims/claims.py)."""
     _, smi, api, make = node_for(tmp_path, monkeypatch)
     loop_thread = threading.get_ident()  # asyncio.run's loop runs in this thread
     where: list[str] = []
@@ -165,7 +165,7 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     assert rendered == [ref(plain).uid]  # once: the step made nothing for it
     assert prepare(node, sliced) == ""
     assert rendered.count(ref(sliced).uid) == 1  # once, after the step recorded its entry
-    assert where == ["loop", "thread"]
+    assert where == ["thread", "thread"]
     assert unprepare(node, plain) == ""
     assert smi.calls() == [
         ["-i", GPU1, "-c", "DEFAULT"],

@@ -31,7 +31,7 @@ from dra_plugin.claims.allocation import ClaimError, Holdings, select
 from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, ConfigSource
 from fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
 from fakes.claim_harness import preparer as harness_preparer
@@ -171,9 +171,6 @@ class Recorder:
     def claim_edits(self, devices: Sequence[Device], claim: ClaimContext) -> cdi.ClaimEdits:
         self.edits.append(claim)
         return cdi.device_node_edits(devices)
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.FILES  # it makes nothing but entries: its lone passes run on the loop
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         self.made.append(claim)

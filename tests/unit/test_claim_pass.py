@@ -21,7 +21,7 @@ from dra_plugin.checkpoint.snapshot import STARTED
 from dra_plugin.claims.claims import ClaimFailed, ClaimPreparer, Failure, Prepared
 from dra_plugin.devices import Device, DeviceNode
 from dra_plugin.kubelet.server import _DRAServicer
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext
 from fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
 
@@ -47,9 +47,6 @@ class Maker:
         if self.edits_error is not None:
             raise self.edits_error
         return cdi.device_node_edits(devices)
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.WAITS  # it stands for a GPU: its passes run in the thread
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         self.steps.append("make")

@@ -27,7 +27,7 @@ from typing import Any
 from dra_plugin.devices import Device
 from dra_plugin.host import files
 from dra_plugin.vendors.amd import cumask
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, VendorEntry
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,6 @@ class CuBook:
             raise MakeError(f"cannot write the compute-unit book {self.path}: {exc}") from exc
 
     # --- OnDemand ----------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        # The book is one small file of ours, written without fsync.
-        return Work.FILES if masked(claim) else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         wanted = masked(claim)
         if not wanted:

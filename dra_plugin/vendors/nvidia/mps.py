@@ -29,7 +29,7 @@ from dra_plugin.devices import Device
 from dra_plugin.host import files
 from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, NotRecordable
 from dra_plugin.vendors.nvidia import mpsdaemon, mpslimits, mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
@@ -126,18 +126,6 @@ class MpsStep:
         return d / "pipe", d / "log", d / "shm"
 
     # --- OnDemand ----------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        """WAITS for a daemon to start or wait for: one the claim's configs or its share
-        ask for (`make` raises for a config it refuses), else `make` does nothing (`_plan`
-        is None). A claim read from the API has its configs, which never change with its
-        allocation: a daemon of its own made before was asked for by them. One known
-        from the record alone has none: anything at its daemon dir is what it needs."""
-        if claim.from_record and files.kind(self._dir(f"claim-{claim.uid}")) is not None:
-            return Work.WAITS
-        by_name = {d.name: d for d in devices}
-        asked, shared = mpslimits.wanted(claim, by_name, self.mps_for, self.options.shares)
-        return Work.WAITS if asked or shared else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         by_name = {d.name: d for d in devices}
         plan = self._plan(claim, by_name)

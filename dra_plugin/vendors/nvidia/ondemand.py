@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, NotRecordable, VendorEntry
 from dra_plugin.vendors.nvidia import migbook
 from dra_plugin.vendors.nvidia.migentry import (
@@ -106,10 +106,6 @@ class MigMaker:
         return inst if inst is not None and inst.boot == self.boot_id else None
 
     # --- OnDemand ------------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        # An instance made or found through NVML.
-        return Work.WAITS if any(target_of(d) for d in devices) else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         if not any(target_of(d) for d in devices):
             return Made(list(devices))

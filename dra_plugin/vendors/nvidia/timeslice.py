@@ -34,7 +34,7 @@ from pathlib import Path
 from dra_plugin.devices import Device
 from dra_plugin.host.files import FileIdentity, atomic_write, move_aside, read_regular
 from dra_plugin.telemetry import metrics
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 from dra_plugin.vendors.nvidia.claimconfigs import GPU, applied
 from dra_plugin.vendors.nvidia.configs import NvidiaConfigError
@@ -185,9 +185,6 @@ class TimeSlicer:
             if got is not None:
                 out.append((d.device, *got))
         return out
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.WAITS if self._asked(claim, devices) else Work.NONE  # nvidia-smi runs
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         asked = self._asked(claim, devices)
