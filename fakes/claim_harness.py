@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint.checkpoint import Checkpoint
@@ -140,7 +141,6 @@ def preparer(
     driver: str = DRIVER,
     node_name: str = NODE,
     boot: str = "boot-1",
-    on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
     nvidia_strategy: str = "auto",
@@ -162,7 +162,6 @@ def preparer(
         claim_edits=vendor_edits(nvidia_strategy) if claim_edits is _VENDOR_EDITS else claim_edits,
         fetch_claim=api.get_claim,
         devices=lambda: {d.name: d for d in devices},
-        on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
         device_metadata=device_metadata,
@@ -283,10 +282,11 @@ class Call:
 
 
 async def _do(
-    root: Path, call: Call, on_step: Callable[[str], None] | None, report: dict[str, Any]
+    root: Path, call: Call, on_step: crashpoints.Hook | None, report: dict[str, Any]
 ) -> dict[str, str]:
     api, devices = _world()
-    p = preparer(root, api, devices, boot=call.boot, on_step=on_step, sharing=SHARING)
+    crashpoints.install(on_step)  # this process's crash points (it is forked for the call)
+    p = preparer(root, api, devices, boot=call.boot, sharing=SHARING)
     await p.startup()
     try:  # startup recovery alone must leave a consistent state
         check_consistent(root)
@@ -294,7 +294,7 @@ async def _do(
         report["inconsistent"] = f"after startup: {exc}"
     if call.op == "prepare":
         return {u: r.error for u, r in (await p.prepare(call.refs(api))).items()}
-    return dict(await p.unprepare(call.refs(api)))
+    return {u: r.error for u, r in (await p.unprepare(call.refs(api))).items()}
 
 
 def _process(root: Path, repeat: Call | None, nxt: Call | None) -> None:

@@ -21,6 +21,7 @@ from dra_plugin.checkpoint.snapshot import State, read_boot_id
 from dra_plugin.claims import context, devicemetadata, diskerrors
 from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
+    UNPREPARED,
     ClaimFailed,
     ClaimHandler,
     ClaimRef,
@@ -29,6 +30,8 @@ from dra_plugin.claims.contract import (
     Prepared,
     PreparedDevice,
     PrepareResult,
+    Unprepared,
+    UnprepareOutcome,
     check_ref,
 )
 from dra_plugin.claims.fetch import FetchClaim, Fetched, fetch_all, known_completed
@@ -53,6 +56,8 @@ __all__ = [
     "PrepareResult",
     "Prepared",
     "PreparedDevice",
+    "UnprepareOutcome",
+    "Unprepared",
     "check_ref",
 ]
 
@@ -74,11 +79,11 @@ class _Prepare:
 
 @dataclass
 class _Unprepare:
-    """An unprepare call: its claims and (after its pass) each claim's error ('' done)."""
+    """An unprepare call: its claims and (after its pass) each claim's outcome."""
 
     kind: ClassVar[JobKind] = JobKind.UNPREPARE
     refs: list[ClaimRef]
-    answer: dict[str, str] = field(default_factory=dict)
+    answer: dict[str, UnprepareOutcome] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,10 +106,9 @@ class ClaimPreparer:
     appends, fsyncs, compactions, spec and metadata writes) runs in the driver's one pass
     thread (passthread.py), never on the loop: a disk that stalls stalls the claims, not
     the health streams, /healthz or the other drivers. A prepare pass is a PreparePass
-    (preparepass.py): each claim's outcome a typed value (contract.Outcome).
-    `on_step` exists only for crash tests: it is called at each named step
-    (claim-started, spec-written, claim-completed, claim-unpreparing, spec-removed,
-    claim-dropped, spec-rerendered).
+    (preparepass.py): each claim's outcome a typed value (contract.Outcome). Its crash
+    points (dra_plugin.crashpoints): claim-started, spec-written, claim-completed,
+    claim-unpreparing, spec-removed, claim-dropped, spec-rerendered.
     """
 
     def __init__(
@@ -118,7 +122,6 @@ class ClaimPreparer:
         devices: Callable[[], Mapping[str, Device]],
         cdi_options: cdi.CdiOptions | None = None,
         claim_edits: ClaimEditor | None = None,
-        on_step: Callable[[str], None] | None = None,
         on_held: Callable[[set[str]], None] | None = None,
         boot_id: Callable[[], str] = read_boot_id,
         sharing: Sharing | None = None,
@@ -132,7 +135,6 @@ class ClaimPreparer:
         self.options = cdi_options or cdi.CdiOptions()
         self._fetch = fetch_claim
         self._devices = devices
-        self._on_step = on_step
         self._on_held = on_held
         self.state_dir = state_dir
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
@@ -165,7 +167,6 @@ class ClaimPreparer:
             sharing=sharing,
             opaque_configs=frozenset(opaque_configs),
             device_metadata=device_metadata,
-            step=self._step,
             settle=lambda state: self._record.settle(state, after_crash=False),
         )
         self.held: set[str] = set()
@@ -184,9 +185,9 @@ class ClaimPreparer:
         results: dict[str, Outcome] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
-            err = check_ref(ref)
-            if err:
-                results[ref.uid] = ClaimFailed(Failure.REFERENCE, err)
+            bad = check_ref(ref)
+            if bad is not None:
+                results[ref.uid] = bad
             else:
                 refs[ref.uid] = ref
         with self._commit.arriving():  # a pass about to start waits for these GETs
@@ -199,10 +200,7 @@ class ClaimPreparer:
             if exc is None:
                 results.update(job.answer)
             else:
-                kind = Failure.DISK if isinstance(exc, OSError) else Failure.INTERNAL
-                results.update(
-                    (uid, ClaimFailed(kind, msg)) for uid, msg in _failed(self, job, exc).items()
-                )
+                results.update(_failed(self, job, exc))
             if self._said:
                 # After the answer: the caller's task goes on to send it before the loop
                 # gets to this callback, so the kubelet does not wait for the log lines.
@@ -214,18 +212,22 @@ class ClaimPreparer:
             name, devices = self._said.popleft()
             log.info("prepared %s devices=%s", name, devices)
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        results: dict[str, str] = {}
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]:
+        results: dict[str, UnprepareOutcome] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
-            if cdi.valid_claim_uid(ref.uid):
-                refs[ref.uid] = ref
+            bad = check_ref(ref) if not cdi.valid_claim_uid(ref.uid) else None
+            if bad is not None:  # only its UID becomes a file name: the rest is not judged
+                results[ref.uid] = bad
             else:
-                results[ref.uid] = check_ref(ref)
+                refs[ref.uid] = ref
         if refs:
             job = _Unprepare(list(refs.values()))
             exc = await self._submit(job)
-            results.update(job.answer if exc is None else _failed(self, job, exc))
+            if exc is None:
+                results.update(job.answer)
+            else:
+                results.update(_failed(self, job, exc))
         return results
 
     async def _submit(self, job: _Prepare | _Unprepare) -> Exception | None:
@@ -290,10 +292,6 @@ class ClaimPreparer:
         else:
             self._unproven = self._record.startup(state)
 
-    def _step(self, name: str) -> None:
-        if self._on_step is not None:
-            self._on_step(name)
-
     # --- prepare ---------------------------------------------------------------------
     def _prepare(
         self,
@@ -309,7 +307,7 @@ class ClaimPreparer:
         return done
 
     # --- unprepare -------------------------------------------------------------------
-    def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
+    def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, UnprepareOutcome]:
         done = unprepare(
             state,
             refs,
@@ -318,17 +316,17 @@ class ClaimPreparer:
             cdi_root=self.cdi_root,
             state_dir=self.state_dir,
             metadata=self._metadata,
-            step=self._step,
             release=self._made.release,
         )
-        self._unproven.difference_update(u for u, err in done.items() if not err)
+        self._unproven.difference_update(u for u, got in done.items() if got is UNPREPARED)
         return done
 
 
-def _failed(p: ClaimPreparer, job: _Prepare | _Unprepare, exc: Exception) -> dict[str, str]:
+def _failed(p: ClaimPreparer, job: _Prepare | _Unprepare, exc: Exception) -> dict[str, ClaimFailed]:
     """Each claim of a job whose pass failed as a whole, with why."""
     if isinstance(exc, OSError):
+        kind = Failure.DISK
         why = diskerrors.state_dir(p.state_dir, exc, "cannot use the checkpoint")
     else:
-        why = f"internal error: {type(exc).__name__}: {exc}"
-    return {r.uid: f"{r}: {job.kind} failed: {why}" for r in job.refs}
+        kind, why = Failure.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return {r.uid: ClaimFailed(kind, f"{r}: {job.kind} failed: {why}") for r in job.refs}

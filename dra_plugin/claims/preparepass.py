@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.recovery import who
@@ -74,7 +75,6 @@ class Parts:
     sharing: Sharing | None
     opaque_configs: frozenset[tuple[str, str]]  # (apiVersion, kind) the vendor understands
     device_metadata: bool
-    step: Callable[[str], None]
     settle: Callable[[State], list[str]]  # undo `started` entries; the uids it dropped
 
 
@@ -180,7 +180,7 @@ class PreparePass:
         # has no owner and start-up garbage collection removes it: the same end state.
         if not self._record([c.rec for c in claims], durable=False):
             return
-        p.step("claim-started")
+        crashpoints.reached("claim-started")
         failed: list[str] = []  # `started` entries to drop: nothing of theirs is left
         if p.made.on_demand is not None:
             claims = [c for c in claims if self._make(c, failed)]
@@ -198,7 +198,7 @@ class PreparePass:
                 except (OSError, cdi.CdiError) as exc:
                     self._spec_failed(c.rec, exc, failed)
                     continue
-                p.step("spec-written")
+                crashpoints.reached("spec-written")
                 if c.rec.device_metadata is not None:
                     c.rec = p.metadata.write_or_drop(c.rec, self.devices)
                 written.append(c)
@@ -215,7 +215,7 @@ class PreparePass:
             self.out[rec.uid] = prepared(rec)
             self.recorded.append(rec.uid)
             self.said.append((who(rec), ",".join(d.device for d in rec.devices)))
-        p.step("claim-completed")
+        crashpoints.reached("claim-completed")
 
     def _make(self, c: _Claim, failed: list[str]) -> bool:
         """Phase 2 for one claim: its devices made, then its spec rendered; False (and the
@@ -303,7 +303,7 @@ class PreparePass:
             p.metadata.write(rec, self.devices)  # raises: this claim's error, retried next time
         p.checkpoint.put([rec], durable=False)  # made durable at the end of the pass
         log.info("re-rendered CDI spec %s file=%s", who(rec), rec.spec_file)
-        p.step("spec-rerendered")
+        crashpoints.reached("spec-rerendered")
         return rec
 
     # --- failures ------------------------------------------------------------------------

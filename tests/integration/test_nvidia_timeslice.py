@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.devices import DeviceNode, make_device
 from dra_plugin.vendors.nvidia.model import NVIDIA
@@ -46,7 +47,7 @@ def prepare(node: SliceNode, obj: dict[str, Any]) -> str:
 
 
 def unprepare(node: SliceNode, obj: dict[str, Any]) -> str:
-    return asyncio.run(node.preparer.unprepare([ref(obj)]))[ref(obj).uid]
+    return asyncio.run(node.preparer.unprepare([ref(obj)]))[ref(obj).uid].error
 
 
 def record(tmp_path: Path) -> Checkpoint:
@@ -147,7 +148,8 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
         if name == "claim-started":
             where.append("loop" if threading.get_ident() == loop_thread else "thread")
 
-    node = make(on_step=step)
+    crashpoints.install(step)
+    node = make()
     rendered: list[str] = []
     edits = node.preparer._parts.claim_edits
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
 from dra_plugin._proto import dra_v1_pb2
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
@@ -65,6 +66,7 @@ class Maker:
 def preparer(root: Path, api: FakeApi, vendor: Maker) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
+    crashpoints.install(vendor.steps.append)  # the pass's crash points, in order
     return ClaimPreparer(
         driver=DRIVER,
         node_name=NODE,
@@ -75,7 +77,6 @@ def preparer(root: Path, api: FakeApi, vendor: Maker) -> ClaimPreparer:
         devices=lambda: {d.name: d for d in DEVICES},
         boot_id=lambda: "boot-1",
         on_demand=vendor,
-        on_step=vendor.steps.append,
     )
 
 
@@ -206,7 +207,7 @@ def test_a_prepare_cut_off_after_its_files_is_kept_and_rendered_again(tmp_path: 
         if step == "spec-written":
             raise RuntimeError("killed")
 
-    p._on_step = cut  # the process dies between the files and the `completed` entry
+    crashpoints.install(cut)  # the process dies between the files and the `completed` entry
     assert "internal error" in asyncio.run(p.prepare([ref(obj)]))[uid(1)].error
     state = Checkpoint(tmp_path / "state", DRIVER).read()
     assert state is not None and state.claims[uid(1)].state == STARTED
