@@ -182,10 +182,9 @@ def main() -> int:
         if rest:
             print(rest, file=sys.stderr, flush=True)
         return 1
-    if built.seconds == 0.0:
-        say(f"already built for this source state: {built.dir}")
-    else:
-        print(f"judges built: {built.dir} ({built.seconds:.0f} s)")
+    # Into setup's log only (no "judges: "): a build that was done already is no news.
+    done = "already, for this source state" if built.seconds == 0.0 else f"in {built.seconds:.0f} s"
+    print(f"judges built {done}: {built.dir}")
     return 0
 
 

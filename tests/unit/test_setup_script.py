@@ -6,6 +6,7 @@ the Go step (.ci/ensure-go) gets a Go that builds the judges and says how in one
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -52,6 +53,10 @@ case "$*" in
   -VV) echo "Python 3.11.2 (stand-in)" ;;
   -c*) echo "{site}" ;;
   *"-c constraints.txt pip") echo "pip upgrade refused: disk quota exceeded"; exit {upgrade_rc} ;;
+  "-m fakes.judges.build") echo "judges: building one (1 of 2), 0 s so far"
+    echo "go: downloading k8s.io/api v0.37.2" >&2
+    echo "judges: building two (2 of 2), 1 s so far"
+    echo "judges built in 1 s: /judges/.bin/0123" ;;
   *"-e .[test]") cat <<'OUT' >&2
 {PIP_OUTPUT if install_rc else "Successfully installed dra-plugin"}
 OUT
@@ -217,6 +222,21 @@ def test_a_rerun_keeps_the_previous_log(tmp_path: Path) -> None:
     current = (repo / ".setup.log").read_text()
     assert current.startswith("==== bash .ci/setup --tests (")
     assert "Temporary failure resolving" not in current
+
+
+def test_the_judge_build_shows_its_progress_lines_and_logs_the_rest(tmp_path: Path) -> None:
+    r = _setup(tmp_path, installed=True, python=_python(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    shown = r.stdout.split("setup: judges (go build in judges/) ... \n", 1)[1].splitlines()
+    assert shown[:3] == [
+        "    building one (1 of 2), 0 s so far",
+        "    building two (2 of 2), 1 s so far",
+        shown[2],
+    ]
+    assert re.fullmatch(r"  done \(\d+ s\)", shown[2]), shown
+    log = (tmp_path / "repo" / ".setup.log").read_text()
+    assert "judges: building one (1 of 2)" in log and "go: downloading k8s.io/api" in log
+    assert "go: downloading" not in r.stdout and "judges built in" not in r.stdout
 
 
 def test_a_good_run_says_done_and_puts_the_clone_on_the_venv_path(tmp_path: Path) -> None:
