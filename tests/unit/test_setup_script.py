@@ -390,3 +390,15 @@ def test_a_go_that_may_not_fetch_the_toolchain_says_how_to_let_it(tmp_path: Path
     )
     assert result.startswith("FAILED (")
     assert _apt_calls(tmp_path) == []
+
+
+def test_a_go_that_does_not_run_is_named_with_what_it_says(tmp_path: Path) -> None:
+    broken = '#!/bin/sh\necho "go: cannot find GOROOT directory: /usr/lib/go-1.23" >&2\nexit 2\n'
+    r = _setup(tmp_path, installed=True, python=_python(tmp_path), go=broken, env=_debian(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    *said, result = _go_lines(r.stdout)
+    assert said[-1] == (
+        f"the go at {tmp_path / 'bin' / 'go'} does not run (`go version` says: go: cannot find "
+        "GOROOT directory: /usr/lib/go-1.23): remove it or take it off PATH"
+    )
+    assert result.startswith("FAILED (") and _apt_calls(tmp_path) == []
