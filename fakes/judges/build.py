@@ -49,7 +49,10 @@ GO_HOME_BIN = "/usr/local/go/bin"
 def _go() -> str:
     go = shutil.which("go") or shutil.which("go", path=GO_HOME_BIN)
     if go is None:
-        raise JudgeBuildError(f"the judges need Go (go1.26+) on PATH or in {GO_HOME_BIN}")
+        raise JudgeBuildError(
+            f"the judges need Go (go1.26+) on PATH or in {GO_HOME_BIN}: "
+            "`bash .ci/setup --tests` installs one (.ci/ensure-go)"
+        )
     return go
 
 
