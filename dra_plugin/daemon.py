@@ -143,12 +143,12 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
     health = HealthTracker(pool=cfg.node_name)
     sharing = {d.name: sh for d in drivers if (sh := d.bound.sharing) is not None}
-    wait = cfg.registration_wait_seconds
+    names = [d.name for d in drivers]
     publisher = SlicePublisher(
-        api, cfg.node_name, [d.name for d in drivers], taint_effect=cfg.taint_effect,
-        sharing=sharing, hold_new_pools=wait > 0,
+        api, cfg.node_name, names, taint_effect=cfg.taint_effect, sharing=sharing,
+        hold_new_pools=cfg.registration_wait_seconds > 0,
     )  # fmt: skip
-    gate = RegistrationGate(publisher, wait)
+    gate = RegistrationGate(publisher, cfg, names)
     node = Node(cfg, health, publisher)
     # Prepared devices are reported in ResourceClaim.status.devices, after the answer and
     # once no driver is preparing.
@@ -184,11 +184,8 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     # 5. Publisher and the monitors that feed it. A driver's pool is created once the
     #    kubelet has registered the driver, or after the wait with a WARNING (a pool
     #    that exists is kept true at once): running/registration.py.
-    if wait > 0:
-        sockets = {d.name: cfg.registration_socket(d.name) for d in drivers}
-        setting = cfg.setting("kubelet_registrar_directory_path")
-        expiry = asyncio.create_task(gate.expire(sockets, setting), name="registration-wait")
-        stack.push_async_callback(_cancel, expiry)
+    gate.start()
+    stack.push_async_callback(gate.stop)
     await publisher.start()
     stack.push_async_callback(publisher.stop)
     rescans = asyncio.create_task(node.rescan_loop(failing=bool(inv.failed)), name="rescan")

@@ -20,33 +20,48 @@ registration servicer and opens nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Sequence
 
+from dra_plugin.config import Config
 from dra_plugin.slices.publisher import SlicePublisher
 
 log = logging.getLogger(__name__)
 
 
 class RegistrationGate:
-    """Opens each driver's pool creation on the kubelet's word, or after a timeout."""
+    """Opens each driver's pool creation on the kubelet's word, or after the wait."""
 
-    def __init__(self, publisher: SlicePublisher, wait_seconds: float) -> None:
-        self._publisher = publisher
-        self._wait = wait_seconds
+    def __init__(self, publisher: SlicePublisher, cfg: Config, drivers: Sequence[str]) -> None:
+        self._publisher = publisher  # made with hold_new_pools when the wait is not 0
+        self._wait = cfg.registration_wait_seconds
+        self._sockets = {d: cfg.registration_socket(d) for d in drivers}
+        self._setting = cfg.setting("kubelet_registrar_directory_path")
         self._open: set[str] = set()
+        self._expiry: asyncio.Task[None] | None = None
 
     def notified(self, driver: str, registered: bool) -> None:
         """The kubelet's registration status for `driver` (event loop)."""
         if registered:
             self._let_through(driver)
 
-    async def expire(self, sockets: Mapping[str, Path], setting: str) -> None:
+    def start(self) -> None:
+        """The wait counts from now: the registration sockets are served."""
+        if self._wait > 0:
+            self._expiry = asyncio.create_task(self._expire(), name="registration-wait")
+
+    async def stop(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._expiry
+
+    async def _expire(self) -> None:
         """After the wait, open every driver the kubelet has not registered, each with a
         WARNING naming its socket and the setting of the directory it is in."""
         await asyncio.sleep(self._wait)
-        for driver, socket in sockets.items():
+        for driver, socket in self._sockets.items():
             if driver in self._open:
                 continue
             log.warning(
@@ -56,7 +71,7 @@ class RegistrationGate:
                 driver,
                 self._wait,
                 socket,
-                setting,
+                self._setting,
             )
             self._let_through(driver)
 

@@ -105,10 +105,6 @@ class SlicePublisher:
         if driver in self._held:
             self._mark(driver)
 
-    def holding(self, driver: str) -> bool:
-        """Whether `driver`'s pool is not created yet only because it is not allowed."""
-        return driver in self._held
-
     async def start(self) -> None:
         """Resolve the Node and API version, reconcile once, then keep reconciling.
 

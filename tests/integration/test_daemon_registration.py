@@ -113,3 +113,21 @@ def test_a_restart_keeps_the_existing_pool_true_before_registering(cluster: Clus
     cluster.kubelet().wait_for(INTEL)
     cluster.wait_for("slices after registering", lambda: cluster.pool_complete(INTEL))
     assert second.terminate() == 0
+
+
+def test_a_kubelet_restart_gets_the_pool_back_at_once(cluster: Cluster) -> None:
+    """A restarting kubelet deletes the node's slices. A plugin it registered before
+    creates its pool again at once, without waiting for the new kubelet's registration:
+    once open, the gate stays open (docs/architecture.md says what that leaves)."""
+    daemon = cluster.start_daemon(env=INTEL_ONLY)
+    daemon.wait_ready([INTEL])
+    cluster.kubelet().wait_for(INTEL)
+    cluster.wait_for("slices", lambda: cluster.pool_complete(INTEL))
+    creates = cluster.api.count("create", "resourceslices")
+    cluster.kubelet()  # its start-up wipe, done when it returns
+    assert cluster.kubelets[-1].slices is not None and cluster.kubelets[-1].slices.wiped == [None]
+    assert cluster.api.count("delete", "resourceslices") >= 1
+    cluster.wait_for("the pool back", lambda: cluster.pool_complete(INTEL))
+    assert cluster.api.count("create", "resourceslices") > creates
+    assert daemon.logs().count(REGISTERED) == 1
+    assert daemon.terminate() == 0
