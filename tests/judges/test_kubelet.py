@@ -126,6 +126,29 @@ def test_no_slice_until_the_kubelets_plugin_watcher_registers_the_plugin(
         node.close()
 
 
+def test_a_kubelet_watching_another_directory_gets_the_devices_after_the_wait(
+    cluster: Cluster, judges: build.Built
+) -> None:
+    """A misconfigured node: the kubelet's plugin watcher reads another directory than
+    the plugin registers in. After REGISTRATION_WAIT_SECONDS the devices are published
+    anyway, with a WARNING naming the socket; the kubelet refuses their pods."""
+    env = {"VENDORS": "intel", "REGISTRATION_WAIT_SECONDS": "2"}
+    daemon = start_daemon(cluster, env)
+    node = JudgedNode(cluster, judges, registry=cluster.tmp / "another-registry")
+    try:
+        cluster.wait_for("the kubelet's start-up wipe", lambda: node.wipes() >= 1)
+        cluster.wait_for("slices after the wait", lambda: cluster.pool_complete(INTEL))
+        (warning,) = [line for line in daemon.logs().splitlines() if "WARNING" in line]
+        assert f"registration_socket={daemon.registration_socket(INTEL)}" in warning
+        assert "KUBELET_REGISTRAR_DIRECTORY_PATH" in warning
+        ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)})
+        with pytest.raises(KubeletError, match=f"DRA driver {INTEL} is not registered"):
+            node.kubelet.prepare(ref)
+        assert daemon.terminate() == 0
+    finally:
+        node.close()
+
+
 def test_a_subrequests_devices_reach_the_container_that_names_the_request(
     cluster: Cluster, judges: build.Built
 ) -> None:
