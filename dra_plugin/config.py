@@ -72,6 +72,7 @@ class Config:
     log_format: str = "text"
     shutdown_grace_seconds: float = 10.0
     health_check_timeout_seconds: int = 30
+    registration_wait_seconds: float = 30.0
     taint_effect: str = "NoSchedule"
     device_metadata: bool = False
     output: str = "table"
@@ -328,6 +329,11 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
                 raw["health_check_timeout_seconds"],
                 int,
                 1,
+            )
+        ),
+        registration_wait_seconds=float(
+            number(
+                label(raw, "registration_wait_seconds"), raw["registration_wait_seconds"], float, 0
             )
         ),
         taint_effect=raw["taint_effect"],

@@ -4,7 +4,8 @@
 credentials), directories, the metrics listener (on failure: one line naming the setting,
 exit 2, whatever we created removed); 2. discover devices; 3. checkpoint recovery and CDI
 garbage collection; 4. per driver: DRA socket, then registration socket; 5. ResourceSlice
-publisher, fed by hotplug and health monitors; 6. metrics and /healthz; 7. on SIGTERM:
+publisher, fed by hotplug and health monitors (a driver's first slices wait for the
+kubelet to register it); 6. metrics and /healthz; 7. on SIGTERM:
 registration sockets first, let in-flight calls finish, remove our sockets. ResourceSlices
 are left in place: the next instance (rolling update) or the Node's garbage collection owns them.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import signal
@@ -39,6 +41,7 @@ from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
 from dra_plugin.running import inventory, monitors
 from dra_plugin.running.node import Node
+from dra_plugin.running.registration import RegistrationGate
 from dra_plugin.running.startup import (
     StartupError,
     api_client,
@@ -134,10 +137,12 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
     health = HealthTracker(pool=cfg.node_name)
     sharing = {d.name: sh for d in drivers if (sh := d.bound.sharing) is not None}
+    names = [d.name for d in drivers]
     publisher = SlicePublisher(
-        api, cfg.node_name, [d.name for d in drivers], taint_effect=cfg.taint_effect,
-        sharing=sharing,
+        api, cfg.node_name, names, taint_effect=cfg.taint_effect, sharing=sharing,
+        hold_new_pools=cfg.registration_wait_seconds > 0,
     )  # fmt: skip
+    gate = RegistrationGate(publisher, cfg, names)
     node = Node(cfg, health, publisher)
     # Prepared devices are reported in ResourceClaim.status.devices, after the answer and
     # once no driver is preparing.
@@ -160,6 +165,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
             handler=_handler(d),
             health=health,
             health_timeout_seconds=cfg.health_check_timeout_seconds,
+            on_registration=functools.partial(gate.notified, d.name),
         )
         stack.push_async_callback(d.server.stop, 0)  # what start() opened, if it fails
         try:
@@ -169,7 +175,11 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
         serving.append(d.server)
     crashpoints.reached("sockets")
 
-    # 5. Publisher and the monitors that feed it.
+    # 5. Publisher and the monitors that feed it. A driver's pool is created once the
+    #    kubelet has registered the driver, or after the wait with a WARNING (a pool
+    #    that exists is kept true at once): running/registration.py.
+    gate.start()
+    stack.push_async_callback(gate.stop)
     await publisher.start()
     stack.push_async_callback(publisher.stop)
     rescans = asyncio.create_task(node.rescan_loop(failing=bool(inv.failed)), name="rescan")

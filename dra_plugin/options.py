@@ -130,6 +130,13 @@ RUN = (
         "30",
     ),
     Option(
+        "--registration-wait-seconds",
+        "REGISTRATION_WAIT_SECONDS",
+        "how long a driver's first ResourceSlices wait for the kubelet to register it "
+        "(then they are published with a warning; 0: at once)",
+        "30",
+    ),
+    Option(
         "--taint-effect",
         "TAINT_EFFECT",
         "effect of the taint on unhealthy devices (None disables tainting)",

@@ -191,10 +191,17 @@ class _DRAServicer:
 
 
 class _RegistrationServicer:
-    def __init__(self, driver: str, endpoint: str, versions: Sequence[str]) -> None:
+    def __init__(
+        self,
+        driver: str,
+        endpoint: str,
+        versions: Sequence[str],
+        on_status: Callable[[bool], None] | None = None,
+    ) -> None:
         self._driver = driver
         self._endpoint = endpoint
         self._versions = list(versions)
+        self._on_status = on_status
         self.registered = asyncio.Event()
 
     async def GetInfo(self, request: Any, context: Any) -> pluginregistration_pb2.PluginInfo:
@@ -220,6 +227,8 @@ class _RegistrationServicer:
                 request.error,
             )
             self.registered.clear()
+        if self._on_status is not None:
+            self._on_status(request.plugin_registered)
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
@@ -235,7 +244,10 @@ class DriverServer:
         handler: ClaimHandler,
         health: HealthTracker | None = None,
         health_timeout_seconds: int = 30,
+        on_registration: Callable[[bool], None] | None = None,
     ) -> None:
+        """`on_registration` is told each registration status the kubelet reports
+        (True: registered), on the event loop."""
         self.driver = driver
         self.dra_socket = dra_socket
         self.registration_socket = registration_socket
@@ -243,7 +255,9 @@ class DriverServer:
         self._health = health
         self._health_timeout = health_timeout_seconds
         versions = [DRA_V1, DRA_V1BETA1] + (list(HEALTH_SERVICES) if health else [])
-        self.registration = _RegistrationServicer(driver, str(dra_socket), versions)
+        self.registration = _RegistrationServicer(
+            driver, str(dra_socket), versions, on_registration
+        )
         self._dra: grpc.aio.Server | None = None
         self._reg: grpc.aio.Server | None = None
         self._stopped = False

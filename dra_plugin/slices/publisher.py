@@ -4,6 +4,11 @@ It reconciles on every device change and whenever our slices are changed or dele
 someone else (the kubelet deletes all of a node's slices when it starts). It writes
 nothing when the API already holds what we would write, also after a restart. What to
 write is decided by the pure functions in `build.py` and `sync.py`.
+
+With `hold_new_pools`, a driver's pool is not created from nothing (the API holds no
+slice of the driver on this node) until `allow_new_pools(driver)`: the daemon allows it
+once the kubelet has registered the driver (running/registration.py). A pool that exists
+is kept true at once, allowed or not.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class SlicePublisher:
         backoff_max: float = 30.0,
         resync_seconds: float = 600.0,
         sharing: Mapping[str, Sharing] | None = None,
+        hold_new_pools: bool = False,
     ) -> None:
         self._api = api
         self.node_name = node_name
@@ -81,6 +87,8 @@ class SlicePublisher:
         self._version = ""
         self._tasks: list[asyncio.Task[None]] = []
         self._failure: dict[str, str] = {}  # the retry reason of a driver's last failure
+        self._new_pool_allowed = dict.fromkeys(self.drivers, not hold_new_pools)
+        self._held: set[str] = set()  # drivers whose pool creation waits to be allowed
         self.stats = PublisherStats()
 
     # --- public API ----------------------------------------------------------------------
@@ -90,6 +98,12 @@ class SlicePublisher:
             raise ValueError(f"driver {driver!r} is not one of {self.drivers}")
         self._devices[driver] = tuple(devices)
         self._mark(driver)
+
+    def allow_new_pools(self, driver: str) -> None:
+        """From now on `driver`'s pool may be created; what was held is published."""
+        self._new_pool_allowed[driver] = True
+        if driver in self._held:
+            self._mark(driver)
 
     async def start(self) -> None:
         """Resolve the Node and API version, reconcile once, then keep reconciling.
@@ -120,7 +134,8 @@ class SlicePublisher:
         self._tasks.clear()
 
     async def wait_synced(self, timeout: float = 10.0) -> bool:
-        """True once every driver with devices has been reconciled with nothing pending."""
+        """True once every driver with devices has been reconciled with nothing pending
+        (a held pool is pending)."""
         wanted = [d for d in self.drivers if self._devices[d] is not None]
         try:
             await asyncio.wait_for(asyncio.gather(*(self._idle[d].wait() for d in wanted)), timeout)
@@ -155,7 +170,7 @@ class SlicePublisher:
     async def _reconcile_guarded(
         self, driver: str, listed: Mapping[str, list[Obj]] | None = None
     ) -> str:
-        """One reconcile: "ok", "conflict", "error" or "invalid"; never raises."""
+        """One reconcile: "ok", "held", "conflict", "error" or "invalid"; never raises."""
         self._inflight.add(driver)
         try:
             await self._ensure_ready()
@@ -177,6 +192,8 @@ class SlicePublisher:
             for etype, name, rv in deferred:
                 self._on_change(driver, etype, name, rv)
         self.stats.last_success = time.time()
+        if driver in self._held:
+            return "held"
         if not self._dirty[driver].is_set():
             self._idle[driver].set()
         return "ok"
@@ -190,7 +207,7 @@ class SlicePublisher:
             if self._devices[driver] is None:
                 continue
             outcome = await self._reconcile_guarded(driver)
-            if outcome == "ok":
+            if outcome in ("ok", "held"):  # held: allow_new_pools marks it again
                 backoff.reset()
                 reread = True
                 continue
@@ -229,6 +246,12 @@ class SlicePublisher:
         if driver in self._gates.drops_taints:
             strip_taints(desired)
         plan = plan_sync(existing, desired, min_generation=self._last_generation.get(driver, 0))
+        if not existing and plan.creates and not self._new_pool_allowed[driver]:
+            if driver not in self._held:
+                log.info("slices held driver=%s: the kubelet has not registered it yet", driver)
+            self._held.add(driver)
+            return
+        self._held.discard(driver)
         if plan.writes and await self._gates.probe(driver, desired, self.sharing(driver)):
             return await self._reconcile(driver)  # without what it drops, before any write
         if not plan.writes:

@@ -30,13 +30,13 @@ class JudgedNode:
     def __init__(self, cluster: Cluster, judges: build.Built, **kubelet: Any) -> None:
         # The fake API server speaks only JSON; a real one takes the kubelet's protobuf.
         kubelet.setdefault("content_type", "application/json")
+        kubelet.setdefault("registry", cluster.registry)  # another: a misconfigured kubelet
         self.cluster = cluster
         self.api = ApiClient.from_kubeconfig(cluster.kubeconfig)
         self.kubelet = KubeletJudge.start(
             judges.binary("kubelet"),
             kubeconfig=cluster.kubeconfig,
             node=cluster.node,
-            registry=cluster.registry,
             state_dir=cluster.tmp / "kubelet",
             log=cluster.tmp / "kubelet.log",
             **kubelet,

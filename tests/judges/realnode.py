@@ -48,6 +48,8 @@ class RealCluster(Cluster):
         nvml_profile: str | None = "datacenter",
     ) -> None:
         # Not Cluster.__init__: that starts a fake API server this node must not have.
+        # The kubelet judge registers the plugin by itself: the plugin's own wait.
+        self.registration_wait = None
         self.tmp = tmp
         self.node = access.node
         self.access = access

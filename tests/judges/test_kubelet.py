@@ -35,7 +35,8 @@ pytestmark = [
 
 @pytest.fixture
 def cluster(tmp_path: Path, judges: build.Built) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="intel", nvml_profile="datacenter")
+    # The kubelet's plugin watcher registers the plugin by itself: the plugin's own wait.
+    c = Cluster(tmp_path, profile="intel", nvml_profile="datacenter", registration_wait=None)
     api = ApiClient.from_kubeconfig(c.kubeconfig)
     for driver in (INTEL, NVIDIA):
         api.create(f"{RESOURCE}/deviceclasses", device_class(driver, driver))
@@ -54,22 +55,12 @@ def test_registration_wipe_at_start_and_a_pods_claims_prepared_and_unprepared(
     cluster: Cluster, judges: build.Built
 ) -> None:
     daemon = start_daemon(cluster, {"VENDORS": "intel,nvidia"})
-    cluster.wait_for("slices", lambda: cluster.published(INTEL) and cluster.published(NVIDIA))
-    before = {s["metadata"]["name"] for s in cluster.slices()}
     node = JudgedNode(cluster, judges)
     try:
-        node.kubelet.wait_registered(INTEL)
-        node.kubelet.wait_registered(NVIDIA)
-        # The kubelet wiped the node's slices at its start; the daemon published again.
-        cluster.wait_for("the kubelet's wipe", lambda: node.wipes() == 1)
-        cluster.wait_for(
-            "slices published again",
-            lambda: (
-                cluster.published(INTEL)
-                and cluster.published(NVIDIA)
-                and not before & {s["metadata"]["name"] for s in cluster.slices()}
-            ),
-        )
+        # Registered, the node's slices wiped at the kubelet's start (whatever was there
+        # then) and both pools published.
+        node.ready(INTEL, NVIDIA)
+        assert node.wipes() == 1
         ref = node.pod_with_claims(
             "app",
             {
@@ -102,6 +93,58 @@ def test_registration_wipe_at_start_and_a_pods_claims_prepared_and_unprepared(
         assert not claim_specs(cluster)
         assert daemon.terminate() == 0
         node.kubelet.wait_event(lambda e: e.get("event") == "deregistered", what="deregistration")
+    finally:
+        node.close()
+
+
+def test_no_slice_until_the_kubelets_plugin_watcher_registers_the_plugin(
+    cluster: Cluster, judges: build.Built
+) -> None:
+    """The plugin starts before the kubelet (issue 48): it publishes nothing until the
+    kubelet's plugin watcher has registered it, so no pod is scheduled to a driver the
+    kubelet does not know ("DRA driver ... is not registered", then its retry)."""
+    daemon = start_daemon(cluster, {"VENDORS": "intel"})
+    held = f"slices held driver={INTEL}"
+    cluster.wait_for("the first slices held", lambda: held in daemon.logs())
+    assert cluster.slices() == []
+    node = JudgedNode(cluster, judges)
+    try:
+        node.ready(INTEL)
+        lines = daemon.logs().splitlines()
+
+        def first(text: str) -> int:
+            return next(i for i, line in enumerate(lines) if text in line)
+
+        registered = first(f"kubelet registered plugin driver={INTEL}")
+        assert first(held) < registered < first(f"slices sync driver={INTEL}")
+        assert not [line for line in lines if "WARNING" in line]
+        ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)})
+        assert node.kubelet.prepare(ref)["main"]
+        node.kubelet.unprepare(ref)
+        assert daemon.terminate() == 0
+    finally:
+        node.close()
+
+
+def test_a_kubelet_watching_another_directory_gets_the_devices_after_the_wait(
+    cluster: Cluster, judges: build.Built
+) -> None:
+    """A misconfigured node: the kubelet's plugin watcher reads another directory than
+    the plugin registers in. After REGISTRATION_WAIT_SECONDS the devices are published
+    anyway, with a WARNING naming the socket; the kubelet refuses their pods."""
+    env = {"VENDORS": "intel", "REGISTRATION_WAIT_SECONDS": "2"}
+    daemon = start_daemon(cluster, env)
+    node = JudgedNode(cluster, judges, registry=cluster.tmp / "another-registry")
+    try:
+        cluster.wait_for("the kubelet's start-up wipe", lambda: node.wipes() >= 1)
+        cluster.wait_for("slices after the wait", lambda: cluster.pool_complete(INTEL))
+        (warning,) = [line for line in daemon.logs().splitlines() if "WARNING" in line]
+        assert f"registration_socket={daemon.registration_socket(INTEL)}" in warning
+        assert "KUBELET_REGISTRAR_DIRECTORY_PATH" in warning
+        ref = node.pod_with_claims("app", {"gpu": exactly("gpu", INTEL)})
+        with pytest.raises(KubeletError, match=f"DRA driver {INTEL} is not registered"):
+            node.kubelet.prepare(ref)
+        assert daemon.terminate() == 0
     finally:
         node.close()
 
