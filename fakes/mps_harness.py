@@ -74,7 +74,7 @@ def mig() -> Device:
 
 
 def mps_config(
-    threads: int | None = None, pinned: int | None = None, kind: str = "GpuConfig"
+    threads: int | None = None, pinned: int | str | None = None, kind: str = "GpuConfig"
 ) -> dict[str, Any]:
     """NVIDIA's GpuConfig (or MigDeviceConfig) asking for MPS, as a claim carries it
     (decoded by the NVIDIA driver's own configs decoder)."""

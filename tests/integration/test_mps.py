@@ -235,7 +235,8 @@ def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compu
     ("config", "refused"),
     [
         (mps_config(pinned=64 * GIB), "above the memory"),  # the GPU has 40 GiB
-        (mps_config(threads=0), "not in 1..100"),
+        # Past int64: NVIDIA reads 16Ei as 2^63-1 bytes and sends that limit, in MiB.
+        (mps_config(pinned="16Ei"), "limit 8796093022207M is above the memory"),
     ],
 )
 def test_limit_the_daemon_refuses_fails_the_claim_and_leaves_nothing(
