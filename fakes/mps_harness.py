@@ -43,10 +43,11 @@ GPUS = {
 }
 
 
-def gpu(minor: int) -> Device:
+def gpu(minor: int, name: str = "") -> Device:
+    """GPU `minor` (its UUID the minor's in GPUS), named gpu-<minor> or `name`."""
     uuid = list(GPUS)[minor]
     return make_device(
-        name=f"gpu-{minor}",
+        name=name or f"gpu-{minor}",
         vendor=NVIDIA,
         driver=DRIVER,
         attributes={"type": "gpu", "uuid": uuid},
@@ -162,9 +163,10 @@ def preparer(
     shares: Sharing | None = None,
     ready_timeout: float = 20.0,
     on_step: Callable[[str], None] | None = None,
+    devices: Mapping[str, Device] | None = None,
 ) -> tuple[ClaimPreparer, MpsStep]:
-    """A preparer for the two GPUs above and the MIG device, its MPS step on `api` (call
-    inside a loop)."""
+    """A preparer for the two GPUs above and the MIG device (or `devices`), its MPS step
+    on `api` (call inside a loop)."""
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
     workloads = LoopWorkloads(api, asyncio.get_running_loop(), NAMESPACE, NODE)
@@ -174,7 +176,8 @@ def preparer(
         options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m",
         on_step=on_step,
     )  # fmt: skip
-    devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
+    if devices is None:
+        devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
     prep = ClaimPreparer(
         driver=DRIVER,
         node_name=NODE,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.devices import is_dns_label
+from dra_plugin.devices import Device, is_dns_label
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.vendors.nvidia import mpsdaemon
 from fakes.apiserver import FakeAPIServer
@@ -24,6 +24,7 @@ from fakes.mps_harness import (
     GPUS,
     NODE,
     claim_obj,
+    gpu,
     mps_config,
     preparer,
     ref,
@@ -62,7 +63,11 @@ def spec_of(root: Path, uid: str) -> dict[str, Any]:
 
 
 def prepared(
-    tmp_path: Path, server: FakeAPIServer, world: MpsWorld, obj: dict[str, Any]
+    tmp_path: Path,
+    server: FakeAPIServer,
+    world: MpsWorld,
+    obj: dict[str, Any],
+    devices: dict[str, Device] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:
     """Prepare `obj` with its daemons running; returns its uid and its daemons'
     Deployments (then unprepares it and checks nothing is left)."""
@@ -71,7 +76,7 @@ def prepared(
 
     async def go() -> list[dict[str, Any]]:
         api = KubeAPI.from_url(server.url)
-        prep, _ = preparer(tmp_path, api, world.driver_root)
+        prep, _ = preparer(tmp_path, api, world.driver_root, devices=devices)
         await prep.startup()
         with MpsNode(server, NODE, world):
             got = await prep.prepare([ref(claim)])
@@ -139,9 +144,9 @@ def test_two_mps_configs_get_two_daemons_each_with_its_own_limits_and_devices(
         "set_default_active_thread_percentage 70",
     ]
     edits = edits_saved(tmp_path, uid)
-    for device, gpu in (("gpu-0", UUID0), ("gpu-1", UUID1)):
+    for device, uuid in (("gpu-0", UUID0), ("gpu-1", UUID1)):
         assert MPS_ENV in edits[device]["env"]
-        pipe = volume_host(by_gpu[gpu], f"{mpsdaemon.CONTAINER_ROOT}/{mpsdaemon.PIPE_IN_ROOT}")
+        pipe = volume_host(by_gpu[uuid], f"{mpsdaemon.CONTAINER_ROOT}/{mpsdaemon.PIPE_IN_ROOT}")
         assert client_mounts(edits[device])["/tmp/nvidia-mps"] == pipe
     assert "env" not in spec_saved(tmp_path).get("containerEdits", {})
 
@@ -156,9 +161,10 @@ def test_devices_of_one_config_share_one_daemon_listed_by_uuid(
     world = world_at(tmp_path, monkeypatch, shell=False)
     config = mps_config(threads=50, pinned=2 * GIB)
     config["sharing"]["mpsConfig"]["defaultPerDevicePinnedMemoryLimit"] = {"0": "1Gi"}
-    # The allocation lists gpu-1 (the larger UUID) first.
-    obj = claim_obj(UID, ["gpu-1", "gpu-0"], config=config)
-    _, deps = prepared(tmp_path, server, world, obj)
+    # Named the other way round from their UUIDs: gpu-a holds the larger one.
+    devices = {d.name: d for d in (gpu(1, "gpu-a"), gpu(0, "gpu-b"))}
+    obj = claim_obj(UID, ["gpu-a", "gpu-b"], config=config)
+    _, deps = prepared(tmp_path, server, world, obj, devices)
     (dep,) = deps
     assert env_of(dep)["CUDA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
     assert env_of(dep)["MPS_COMMANDS"].splitlines() == [
@@ -203,7 +209,7 @@ def test_gpu_test_mps_its_one_device_gets_the_daemons_dirs(
     assert edits["env"] == [MPS_ENV]
     mounts = client_mounts(edits)
     assert mounts["/tmp/nvidia-mps"] == volume_host(dep, "/driver-root/tmp/nvidia-mps")
-    assert mounts["/dev/shm"] == volume_host(dep, mpsdaemon.SHM_PLAIN)
+    assert mounts["/dev/shm"] == volume_host(dep, "/dev/shm")  # no shell, no dev/shm there
 
 
 # --- with and without a shell in the driver root -----------------------------------------
@@ -222,7 +228,7 @@ def test_the_daemon_and_its_clients_share_one_shm_in_either_branch_of_the_script
     obj = claim_obj(UID, ["gpu-0"], config=mps_config(threads=40))
     uid, deps = prepared(tmp_path, server, world, obj)
     (dep,) = deps
-    where = mpsdaemon.SHM_CHROOT if shell else mpsdaemon.SHM_PLAIN
+    where = "/driver-root/dev/shm" if shell else "/dev/shm"
     shm = volume_host(dep, where)
     assert client_mounts(edits_saved(tmp_path, uid)["gpu-0"])["/dev/shm"] == shm
     sent = world.mps_commands()
