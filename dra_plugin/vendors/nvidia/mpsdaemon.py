@@ -119,7 +119,7 @@ def mebibytes(limit: int) -> str:
 class DaemonSpec:
     """Everything one daemon's Deployment is made of."""
 
-    key: str  # a claim UID (one daemon per claim) or a device name (one per shared GPU)
+    key: str  # <claim UID>-<group> (one daemon per MPS config group) or a device name (shared GPU)
     namespace: str
     node: str
     driver: str

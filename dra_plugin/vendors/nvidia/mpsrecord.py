@@ -45,7 +45,7 @@ def of_claim(name: str, uid: str) -> bool:
 class DaemonRecord:
     """What one daemon is, on disk (see the module docstring)."""
 
-    dir: str  # claim-<uid> or device-<name>
+    dir: str  # claim-<uid>-<group> (claim-<uid>: earlier versions) or device-<name>
     key: str  # the claim UID or the device name
     name: str  # its Deployment
     gpus: tuple[str, ...]  # the UUIDs it serves: GPUs, or MIG devices
