@@ -239,3 +239,42 @@ def test_the_daemon_and_its_clients_share_one_shm_in_either_branch_of_the_script
         assert root.endswith("/driver-root")
     else:
         assert roots == {""}
+
+
+# --- a daemon recorded by an earlier version -----------------------------------------------
+
+
+def test_a_claims_one_daemon_of_an_earlier_version_is_kept_then_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: FakeAPIServer
+) -> None:
+    """Earlier versions kept a claim's one daemon at mps/claim-<uid>. After an upgrade the
+    kubelet's repeated prepare keeps serving the claim with it (no second daemon for the
+    same GPU) and the unprepare removes it whole."""
+    world = world_at(tmp_path, monkeypatch, shell=False)
+    claim = server.add_claim(claim_obj(UID, ["gpu-0"], config=mps_config(threads=40)))
+    mps_dir = tmp_path / "state" / "mps"
+
+    async def go() -> None:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
+        await prep.startup()
+        with MpsNode(server, NODE, world) as node:
+            assert (await prep.prepare([ref(claim)]))[UID].error == ""
+            # As an earlier version left it: the same daemon, recorded at claim-<uid>.
+            (group,) = mps_dir.glob(f"claim-{UID}-*")
+            legacy = mps_dir / f"claim-{UID}"
+            group.rename(legacy)
+            state = tmp_path / "node" / "mounts.json"
+            state.write_text(state.read_text().replace(group.name, legacy.name))
+            prep2, _ = preparer(tmp_path, api, world.driver_root)
+            await prep2.startup()  # reconcile keeps it: the claim is held
+            assert (await prep2.prepare([ref(claim)]))[UID].error == ""
+            assert len(deployments(server)) == 1 and len(node.started) == 1
+            assert [p.name for p in mps_dir.iterdir()] == [legacy.name]
+            assert await prep2.unprepare([ref(claim)]) == {UID: ""}
+            assert deployments(server) == [] and world.mounted() == []
+            assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
+            assert list(mps_dir.iterdir()) == []
+        await api.close()
+
+    asyncio.run(go())
