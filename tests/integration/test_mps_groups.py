@@ -31,7 +31,7 @@ from fakes.mps_harness import (
     two_group_claim,
 )
 from fakes.mps_node import MpsNode, MpsWorld, make_world
-from fakes.nvidia_claims import allocated, manifest_spec
+from fakes.nvidia_claims import allocated, container_requests, manifest_spec
 
 UUID0, UUID1 = list(GPUS)
 UID = "11111111-0000-4000-8000-000000000001"
@@ -104,6 +104,23 @@ def edits_saved(tmp_path: Path, uid: str) -> dict[str, dict[str, Any]]:
         d["name"].removeprefix(uid + "-"): d["containerEdits"]
         for d in spec_saved(tmp_path)["devices"]
     }
+
+
+def container_env(
+    tmp_path: Path, uid: str, fixture: str, devices: dict[str, str]
+) -> dict[str, list[str]]:
+    """Each container of the fixture's Pod -> the env its CDI devices give it, as the
+    kubelet hands a container the CDI ids of its requests' devices and the runtime applies
+    the spec-wide edits and those devices' edits."""
+    spec = spec_saved(tmp_path)
+    own = edits_saved(tmp_path, uid)
+    out = {}
+    for container, requests in container_requests(fixture).items():
+        env = list(spec.get("containerEdits", {}).get("env", []))
+        for r in requests:
+            env += own[devices[r]].get("env", [])
+        out[container] = env
+    return out
 
 
 def env_of(dep: dict[str, Any]) -> dict[str, str]:
@@ -185,8 +202,13 @@ def test_gpu_test5_the_time_sliced_gpu_gets_no_mps_settings(
     cdi.go adds the group's edits to the group's devices): the containers given the
     time-sliced GPU do not become MPS clients."""
     world = world_at(tmp_path, monkeypatch, shell=False)
-    obj = allocated(1, manifest_spec("gpu-test5.yaml"), {"ts-gpu": "gpu-0", "mps-gpu": "gpu-1"})
+    devices = {"ts-gpu": "gpu-0", "mps-gpu": "gpu-1"}
+    obj = allocated(1, manifest_spec("gpu-test5.yaml"), devices)
     uid, deps = prepared(tmp_path, server, world, obj)
+    got = container_env(tmp_path, uid, "gpu-test5.yaml", devices)
+    assert {c: MPS_ENV in env for c, env in got.items()} == {
+        "ts-ctr0": False, "ts-ctr1": False, "mps-ctr0": True, "mps-ctr1": True,
+    }  # fmt: skip
     (dep,) = deps
     assert env_of(dep)["CUDA_VISIBLE_DEVICES"] == UUID1
     edits = edits_saved(tmp_path, uid)
@@ -204,6 +226,8 @@ def test_gpu_test_mps_its_one_device_gets_the_daemons_dirs(
     world = world_at(tmp_path, monkeypatch, shell=False)
     obj = allocated(1, manifest_spec("gpu-test-mps.yaml"), {"mps-gpu": "gpu-0"})
     uid, deps = prepared(tmp_path, server, world, obj)
+    got = container_env(tmp_path, uid, "gpu-test-mps.yaml", {"mps-gpu": "gpu-0"})
+    assert got == {"mps-ctr0": [MPS_ENV], "mps-ctr1": [MPS_ENV]}
     (dep,) = deps
     edits = edits_saved(tmp_path, uid)["gpu-0"]
     assert edits["env"] == [MPS_ENV]
