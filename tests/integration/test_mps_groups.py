@@ -302,3 +302,34 @@ def test_a_claims_one_daemon_of_an_earlier_version_is_kept_then_removed(
         await api.close()
 
     asyncio.run(go())
+
+
+def test_a_group_that_cannot_be_recorded_takes_the_groups_recorded_before_it_along(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: FakeAPIServer
+) -> None:
+    """The second group's record cannot be written (a full disk): the claim fails naming
+    its daemon and the first group's record goes too; nothing was made."""
+    world = world_at(tmp_path, monkeypatch, shell=False)
+    claim = server.add_claim(two_group_claim(UID))
+    written: list[str] = []
+
+    def on_step(name: str) -> None:
+        if name == "mps-recorded":
+            written.append(name)
+            if len(written) == 2:
+                raise OSError(28, "No space left on device")
+
+    async def go() -> str:
+        api = KubeAPI.from_url(server.url)
+        prep, _ = preparer(tmp_path, api, world.driver_root, on_step=on_step)
+        await prep.startup()
+        with MpsNode(server, NODE, world):
+            error = (await prep.prepare([ref(claim)]))[UID].error
+        await api.close()
+        return error
+
+    error = asyncio.run(go())
+    assert "cannot record it" in error and "No space left" in error, error
+    assert deployments(server) == [] and world.mounted() == []
+    assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
+    assert list((tmp_path / "state" / "mps").iterdir()) == []

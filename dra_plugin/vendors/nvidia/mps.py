@@ -205,7 +205,12 @@ class MpsStep:
             key = f"{claim.uid}-{g.key}"
             name = mpsdaemon.deployment_name(self._node(), self.options.driver, key)
             rec = DaemonRecord(dirname, key, name, g.gpus, g.limits, [claim.uid], devices=g.devices)
-            self._write(rec)  # the intent, before anything is made
+            try:
+                self._write(rec)  # the intent, before anything is made
+            except OSError as exc:  # this intent (if written) and those before it go
+                for p in [*plans, Plan(rec, ClientLimits(), [], True)]:
+                    self._undo(p.rec, claim.uid, p.created)
+                raise MakeError(f"MPS control daemon {name}: cannot record it: {exc}") from exc
             plans.append(Plan(rec, ClientLimits(), list(g.devices), True))
         return plans
 
