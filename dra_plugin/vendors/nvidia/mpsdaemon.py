@@ -47,8 +47,10 @@ MIB = 2**20
 
 # The container's script. With a shell in the driver root it runs the daemon there
 # (chroot: the driver's own libraries, no glibc mismatch with this image), else straight
-# from the root's bin dirs. It stops at the first command that fails, so a refused limit
-# leaves the marker unwritten and the pod never Ready.
+# from the root's bin dirs with its library dirs (NVIDIA's four, then Debian's multiarch
+# one) in LD_LIBRARY_PATH, as NVIDIA's template does for a root without a shell. It
+# stops at the first command that fails, so a refused limit leaves the marker unwritten
+# and the pod never Ready.
 SCRIPT = """\
 set -eu
 root="$MPS_ROOT"
@@ -59,7 +61,8 @@ if [ -x "$root/bin/sh" ] || [ -x "$root/usr/bin/sh" ]; then
 else
   p=; for d in $(printf '%s' "$MPS_PATH" | tr ':' ' '); do p="$p$root$d:"; done
   export PATH="$p$PATH"
-  export LD_LIBRARY_PATH="$root/usr/lib64:$root/usr/lib/x86_64-linux-gnu:$root/lib64:$root/lib"
+  l="$root/lib64:$root/lib:$root/usr/lib64:$root/usr/lib"
+  export LD_LIBRARY_PATH="$l:$root/usr/lib/x86_64-linux-gnu"
   export CUDA_MPS_PIPE_DIRECTORY="$root/tmp/nvidia-mps"
   export CUDA_MPS_LOG_DIRECTORY="$log"
   run() { sh -c "$1"; }
