@@ -21,6 +21,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from dra_plugin.quantity import parse_quantity
+from dra_plugin.vendors.intel import ids as intel_ids
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.nvml_lib import profile_path
@@ -55,6 +57,27 @@ def say(step: str, text: str = "") -> None:
         print(textwrap.indent(text.rstrip(), "   "))
 
 
+def size(amount: int) -> str:
+    """A byte count in binary units: 150754820096 -> 140.4 GiB."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if amount >= scale:
+            return f"{amount / scale:.1f} {unit}"
+    return f"{amount} B"
+
+
+def memory(driver: str, capacity: str | None, pci_id: str) -> str:
+    """A device's `memory` capacity in words. Intel publishes 0 where a GPU has no memory
+    of its own: an integrated GPU, which shares the system's RAM."""
+    if capacity is None:
+        return "-"
+    amount = int(parse_quantity(capacity))
+    if amount:
+        return size(amount)
+    if driver == INTEL and pci_id != "-" and not intel_ids.lookup(pci_id).discrete:
+        return "the system's RAM, shared (an integrated GPU: capacity 0)"
+    return "unknown (capacity 0: the kernel driver does not say)"
+
+
 def slice_summary(slices: list[dict[str, Any]]) -> str:
     lines = []
     for s in sorted(slices, key=lambda s: s["spec"]["driver"]):
@@ -72,7 +95,8 @@ def slice_summary(slices: list[dict[str, Any]]) -> str:
                 v = attrs.get(key, {})
                 return str(next(iter(v.values()), "-")) if v else "-"
 
-            mem = d.get("capacity", {}).get("memory", {}).get("value", "-")
+            mem = memory(spec["driver"], d.get("capacity", {}).get("memory", {}).get("value"),
+                         val("pciId"))  # fmt: skip
             model = val("model") if val("model") != "-" else val("productName")
             lines.append(
                 f"  - {d['name']}: {model}, memory={mem}, "
@@ -103,19 +127,33 @@ def main() -> int:
 def run(cluster: Cluster) -> int:
     h200s = nvml_gpus(NVML_PROFILE)
     minors = [g["minor"] for g in h200s]
+    udev_nvidia = CARDS["nvidia"].pci_address
     say(
         "simulated node mini-1",
-        "udev (umockdev): Intel Core Ultra iGPU 0000:00:02.0 on i915 + an NVIDIA card\n"
+        "udev (umockdev): Intel Core Ultra iGPU 0000:00:02.0 on i915, and an NVIDIA card\n"
+        f"  at {udev_nvidia} on the nvidia driver, which the plugin passes over: NVIDIA GPUs\n"
+        "  are served through NVML, so what it publishes for NVIDIA is what NVML reports\n"
+        "  (here a stand-in describing other cards; on a real node both see the same GPUs)\n"
         f"NVML (stand-in libnvidia-ml.so.1): {len(h200s)} x NVIDIA H200, minors "
         f"{' and '.join(minors)} (/dev/nvidia{', /dev/nvidia'.join(minors)})\n"
         f"API server: {cluster.api.url} (fake, serving resource.k8s.io/v1)",
     )
 
+    # The kubelet first, as on a node (the plugin is a pod the kubelet runs): at its start
+    # it deletes every ResourceSlice of the node. Started after the plugin, it would wipe
+    # the slices the plugin had just published, or not yet, as the timing fell, and the
+    # plugin would publish them again at the next pool generation: generation=2 in one run,
+    # 1 in the next. That wipe and republish is real (a kubelet restart does it); the demo
+    # shows a node coming up, where the first publication is generation 1.
+    kubelet = cluster.kubelet((1, 35))
     daemon = cluster.start_daemon()
     daemon.wait_ready()
-    say("dra-plugin run started", f"pid {daemon.proc.pid}; sockets under {cluster.sockets}")
+    say(
+        "dra-plugin run started",
+        f"pid {daemon.proc.pid}; sockets under {cluster.sockets}\n"
+        f"CDI specs go to {cluster.cdi} (--cdi-root; on a node /var/cdi/dynamic)",
+    )
 
-    kubelet = cluster.kubelet((1, 35))
     plugins = {driver: kubelet.wait_for(driver) for driver in (INTEL, NVIDIA)}
     lines = []
     for driver, p in plugins.items():
@@ -185,7 +223,7 @@ def run(cluster: Cluster) -> int:
 
     spec_path = cluster.cdi / f"k8s.{INTEL}-claim_{uid}.json"
     spec = json.loads(spec_path.read_text())
-    say(f"CDI spec written: {spec_path.name}", json.dumps(spec, indent=2))
+    say(f"CDI spec written: {spec_path}", json.dumps(spec, indent=2))
 
     nv = cluster.api.add_claim(
         allocated_claim(
@@ -212,7 +250,7 @@ def run(cluster: Cluster) -> int:
         + "\n"
         + userspace(daemon.logs(), len(mounts)),
     )
-    say(f"CDI spec written: {nv_spec_path.name}", json.dumps(nv_spec, indent=2))
+    say(f"CDI spec written: {nv_spec_path}", json.dumps(nv_spec, indent=2))
 
     for vendor, driver, (claim_uid, name), path in (
         ("NVIDIA", NVIDIA, (nv_uid, "cuda-job"), nv_spec_path),

@@ -88,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"dra-plugin: invalid configuration: {exc}\n")
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
+    for note in cfg.deprecated:  # old environment names (docs/configuration.md)
+        logging.getLogger("dra_plugin.config").warning("deprecated: %s", note)
     return cli.COMMANDS[cfg.command](cfg)
 
 

@@ -141,7 +141,7 @@ def _nothing_found() -> str:
     ]
     return (
         f"no GPUs found. Likely causes: {', '.join(causes[:-1])}, or {causes[-1]}. "
-        "Run `dra-plugin doctor`.\n"
+        "Run `dra-plugin doctor` (from a checkout: `sudo .venv/bin/dra-plugin doctor`).\n"
     )
 
 

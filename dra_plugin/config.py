@@ -77,6 +77,8 @@ class Config:
     output: str = "table"
     # attr_name -> how the user set it (`--cdi-root` or `CDI_ROOT`), for start-up errors
     names: Mapping[str, str] = field(default_factory=dict)
+    # one line per old env name that was set (Option.old_envs): logged as a warning
+    deprecated: tuple[str, ...] = ()
 
     def setting(self, attr: str) -> str:
         """The flag or env name the user set `attr` by (its env twin when unset)."""
@@ -181,16 +183,30 @@ def build_parser() -> argparse.ArgumentParser:
             if name not in o.commands:
                 continue  # still read from its env twin
             # Choices are checked by parse (any case for LOG_LEVEL, one-line errors).
+            formerly = f" (formerly {', '.join(o.old_envs)})" if o.old_envs else ""
             p.add_argument(
                 o.flag,
                 default=None,
                 metavar=_metavar(o),
-                help=f"{o.help} [{o.env}, default {o.default!r}]",
+                help=f"{o.help} [{o.env}{formerly}, default {o.default!r}]",
             )
         if name in ("discover", "doctor"):
             choices = ("table", "json", "yaml") if name == "discover" else ("table", "json")
             p.add_argument("-o", "--output", default="table", choices=choices, help="output format")
     return parser
+
+
+def _from_env(o: Option, env: Mapping[str, str]) -> tuple[str, str, list[str]]:
+    """(value, the name it was read by, deprecation notes) of an option not given as a flag:
+    its env twin, else an old name of the twin (Option.old_envs), else its default."""
+    old = [name for name in o.old_envs if name in env]
+    if o.env in env:
+        ignored = [f"{name} is ignored: {o.env}, its new name, is set too" for name in old]
+        return env[o.env], o.env, ignored
+    if old:
+        note = f"{old[0]} is the old name of {o.env} ({o.flag}): it still works, but set {o.env}"
+        return env[old[0]], old[0], [note]
+    return o.default, o.env, []
 
 
 def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
@@ -210,12 +226,14 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         raise UsageError(f"{prog}: unrecognized arguments: {' '.join(extra)} (see `{prog} --help`)")
     values: dict[str, str] = {}
     names: dict[str, str] = {}
+    deprecated: list[str] = []
     for o in command_options():
         attr = attr_name(o)
         value = getattr(ns, attr, None)
         names[attr] = o.flag if value is not None else o.env
         if value is None:
-            value = env.get(o.env, o.default)
+            value, names[attr], note = _from_env(o, env)
+            deprecated += note
         if attr == "log_level":
             value = value.lower()
         values[attr] = value
@@ -316,6 +334,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Config:
         device_metadata=raw["device_metadata"] == "true",
         output=getattr(ns, "output", "table"),
         names=names,
+        deprecated=tuple(deprecated),
     )
     if cfg.metrics_port > 65535:
         raise ConfigError(f"{shown(raw, 'metrics_port')} is not a TCP port")

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi.claims import CdiOptions, ClaimEdits
 from dra_plugin.checkpoint.snapshot import read_boot_id
 from dra_plugin.claims.claims import ClaimPreparer
@@ -56,13 +57,6 @@ from dra_plugin.vendors.claimcontext import ClaimContext
 
 log = logging.getLogger(__name__)
 STEPS = ("bind", "discover", "claims", "sockets", "publisher", "monitors", "telemetry")
-
-
-def _no_fault(step: str) -> None:
-    """In production nothing; tests replace `after_step` to fail start-up after `step`."""
-
-
-after_step: Callable[[str], None] = _no_fault
 
 
 @dataclass
@@ -119,7 +113,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     #    plugin that is about to exit.
     api = await _bind(cfg, stack, healthz)
     cdiroot.announce_cdi_root(cfg)  # one error (with the fix) when containerd won't look
-    after_step("bind")
+    crashpoints.reached("bind")
 
     # 2. Discovery, logged once per vendor; what a driver makes on demand is bound first
     #    (discovery asks it which devices it made).
@@ -135,7 +129,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     for card in inv.skipped:
         log.info("not published pci=%s reason=%s", card.pci_address, card.reason)
     log.info("discovered %s", " ".join(f"{d}={len(v)}" for d, v in inv.devices.items()))
-    after_step("discover")
+    crashpoints.reached("discover")
 
     # 3. Claims: checkpoint recovery and CDI garbage collection before serving.
     health = HealthTracker(pool=cfg.node_name)
@@ -155,7 +149,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
         # again, so nothing made for a held claim is first published as someone else's.
         inv = await asyncio.to_thread(inventory.discover, cfg)
     node.set_discovered(inv)
-    after_step("claims")
+    crashpoints.reached("claims")
 
     # 4. Sockets: DRA service first, then registration.
     for d in drivers:
@@ -173,14 +167,14 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
         except (server.ServerError, OSError) as exc:  # e.g. a non-socket where a socket goes
             raise StartupError(str(exc)) from exc
         serving.append(d.server)
-    after_step("sockets")
+    crashpoints.reached("sockets")
 
     # 5. Publisher and the monitors that feed it.
     await publisher.start()
     stack.push_async_callback(publisher.stop)
     rescans = asyncio.create_task(node.rescan_loop(failing=bool(inv.failed)), name="rescan")
     stack.push_async_callback(_cancel, rescans)
-    after_step("publisher")
+    crashpoints.reached("publisher")
     started: list[monitors.Owned] = []
     join_seconds = max(1.0, min(monitors.JOIN_SECONDS, cfg.shutdown_grace_seconds))
     stack.push_async_callback(monitors.stop_all, started, join_seconds)
@@ -191,7 +185,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
     alive = monitors.running(started)
     watch = asyncio.create_task(monitors.watch(alive, node), name="monitor-watch")
     stack.push_async_callback(_cancel, watch)
-    after_step("monitors")
+    crashpoints.reached("monitors")
 
     # 6. GPU telemetry sampled in the background for /metrics (listening since step 1),
     #    served from cache.
@@ -207,7 +201,7 @@ async def _start(cfg: Config, stack: contextlib.AsyncExitStack) -> None:
         metrics.serve_telemetry(sampler.rendered)
         task = asyncio.create_task(sampler.run(), name="telemetry")
         stack.push_async_callback(_stop_sampler, sampler, task)
-    after_step("telemetry")
+    crashpoints.reached("telemetry")
 
     # 7. Shutdown, entered last so it runs first: the kubelet must stop seeing us before
     #    the service goes away.
@@ -269,7 +263,6 @@ async def _claims(
         device_metadata=cfg.device_metadata,
         on_demand=d.on_demand,
         opaque_configs=d.bound.opaque_configs,
-        spare_files=True,
     )
     stack.callback(d.preparer.close)  # after the servers' stop: no call is left
     await d.preparer.startup()

@@ -29,11 +29,14 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class Option:
     flag: str
-    env: str
+    env: str  # the flag's own name: `--taint-effect` -> TAINT_EFFECT
     help: str
     default: str
     choices: tuple[str, ...] | None = None
     commands: tuple[str, ...] = RUN_ONLY  # the commands that take it as a flag
+    # Names the env twin had before it was named after its flag: still read (after `env`),
+    # with a deprecation warning, since charts and manifests set them.
+    old_envs: tuple[str, ...] = ()
 
 
 # The vendors are the registry's to name: config.command_options() fills in the known
@@ -128,11 +131,12 @@ RUN = (
     ),
     Option(
         "--taint-effect",
-        "HEALTH_TAINT_EFFECT",
+        "TAINT_EFFECT",
         "effect of the taint on unhealthy devices (None disables tainting)",
         "NoSchedule",
         TAINT_EFFECTS,
         commands=RUN_DISCOVER,
+        old_envs=("HEALTH_TAINT_EFFECT",),
     ),
     Option(
         "--device-metadata",

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from pathlib import Path
-from typing import Any
 
 STEPS = ("cu-booked", "spec-written", "cu-freed")
 
@@ -25,28 +23,18 @@ def _die() -> None:
 
 
 def main() -> int:
+    from dra_plugin import crashpoints
     from dra_plugin.__main__ import main as plugin_main
-    from dra_plugin.cdi import claims as cdi
-    from dra_plugin.vendors.amd import cubook
 
     kill_at = os.environ.get("AMD_CU_KILL_AT", "")
     if kill_at not in STEPS:
         raise SystemExit(f"AMD_CU_KILL_AT must be one of {STEPS}, not {kill_at!r}")
 
-    def after_step(step: str) -> None:
+    def at(step: str) -> None:
         if step == kill_at:
             _die()
 
-    cubook.after_step = after_step
-    if kill_at == "spec-written":
-        write = cdi.write_rendered
-
-        def write_then_die(cdi_dir: Path, rendered: Any, **kw: Any) -> Path:
-            path = write(cdi_dir, rendered, **kw)
-            _die()
-            return path
-
-        cdi.write_rendered = write_then_die  # type: ignore[assignment]
+    crashpoints.install(at)  # the vendor's points and the claim pass's `spec-written`
     return plugin_main(sys.argv[1:])
 
 

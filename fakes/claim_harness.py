@@ -21,12 +21,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, State
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
-from dra_plugin.claims.onloop import OnLoop
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.kubeapi import NotFoundError
@@ -141,7 +141,6 @@ def preparer(
     driver: str = DRIVER,
     node_name: str = NODE,
     boot: str = "boot-1",
-    on_step: Callable[[str], None] | None = None,
     options: cdi.CdiOptions | None = None,
     sharing: Sharing | None = None,
     nvidia_strategy: str = "auto",
@@ -149,8 +148,6 @@ def preparer(
     claim_edits: Any = _VENDOR_EDITS,
     on_demand: OnDemand | None = None,
     opaque_configs: Collection[tuple[str, str]] = frozenset(),
-    spare_files: bool = False,
-    on_loop: OnLoop | None = None,
 ) -> ClaimPreparer:
     """A ClaimPreparer over root/state and root/cdi (made here), reading claims from `api`
     and holding `devices`; `claim_edits` None is the core's node edits only."""
@@ -165,14 +162,11 @@ def preparer(
         claim_edits=vendor_edits(nvidia_strategy) if claim_edits is _VENDOR_EDITS else claim_edits,
         fetch_claim=api.get_claim,
         devices=lambda: {d.name: d for d in devices},
-        on_step=on_step,
         boot_id=lambda: boot,
         sharing=sharing,
         device_metadata=device_metadata,
         on_demand=on_demand,
         opaque_configs=opaque_configs,
-        spare_files=spare_files,
-        on_loop=on_loop,
     )
 
 
@@ -288,10 +282,11 @@ class Call:
 
 
 async def _do(
-    root: Path, call: Call, on_step: Callable[[str], None] | None, report: dict[str, Any]
+    root: Path, call: Call, on_step: crashpoints.Hook | None, report: dict[str, Any]
 ) -> dict[str, str]:
     api, devices = _world()
-    p = preparer(root, api, devices, boot=call.boot, on_step=on_step, sharing=SHARING)
+    crashpoints.install(on_step)  # this process's crash points (it is forked for the call)
+    p = preparer(root, api, devices, boot=call.boot, sharing=SHARING)
     await p.startup()
     try:  # startup recovery alone must leave a consistent state
         check_consistent(root)
@@ -299,7 +294,7 @@ async def _do(
         report["inconsistent"] = f"after startup: {exc}"
     if call.op == "prepare":
         return {u: r.error for u, r in (await p.prepare(call.refs(api))).items()}
-    return dict(await p.unprepare(call.refs(api)))
+    return {u: r.error for u, r in (await p.unprepare(call.refs(api))).items()}
 
 
 def _process(root: Path, repeat: Call | None, nxt: Call | None) -> None:

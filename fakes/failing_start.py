@@ -1,5 +1,6 @@
 """`python -m fakes.failing_start STEP REPORT ARGS...`: the real `dra-plugin` entry
-point, with start-up made to fail right after STEP (one of dra_plugin.daemon.STEPS). On the
+point, with start-up made to fail right after STEP (one of dra_plugin.daemon.STEPS, each a
+crash point). On the
 way out it writes to REPORT what the process still holds: threads, socket file descriptors
 (the API client's connections, listeners, netlink), compared with before start-up."""
 
@@ -27,7 +28,7 @@ def _sockets() -> int:
 
 
 def main() -> int:
-    from dra_plugin import daemon
+    from dra_plugin import crashpoints
     from dra_plugin.__main__ import main as plugin_main
 
     step, report = sys.argv[1], Path(sys.argv[2])
@@ -36,7 +37,7 @@ def main() -> int:
         if done == step:
             raise InjectedFault(f"injected after {done}")
 
-    daemon.after_step = fail
+    crashpoints.install(fail)
     before = _sockets()
     error = ""
     rc = -1

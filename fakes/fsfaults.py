@@ -81,7 +81,7 @@ async def prepare(root: Path, indexes: range) -> dict[str, str]:
 async def unprepare(root: Path, indexes: range) -> dict[str, str]:
     p = preparer(root, API, DEVICES)
     await p.startup()
-    return dict(await p.unprepare(refs(indexes)))
+    return {u: r.error for u, r in (await p.unprepare(refs(indexes))).items()}
 
 
 def _consistent(root: Path) -> str:

@@ -64,6 +64,7 @@ def main(argv: list[str]) -> int:
 
     import pynvml
 
+    from dra_plugin import crashpoints
     from dra_plugin.vendors.nvidia.nvml.library import session
     from dra_plugin.vendors.nvidia.nvml.miginstances import gpu_instances
     from fakes.claim_harness import FakeApi, ref
@@ -85,8 +86,8 @@ def main(argv: list[str]) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def process(call: str, kill_at: str | None) -> Any:
-        node = MigNode(fake, root, api, on_step=lambda name: die(name, kill_at))
-        node.maker.step = lambda name: die(name, kill_at)
+        crashpoints.install(lambda name: die(name, kill_at))
+        node = MigNode(fake, root, api)
         asyncio.run(node.preparer.startup())
         after_start = {
             "live": live(),
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> int:
         if call == "prepare":
             got = asyncio.run(node.preparer.prepare([claim]))[claim.uid].error
         else:
-            got = asyncio.run(node.preparer.unprepare([claim]))[claim.uid]
+            got = asyncio.run(node.preparer.unprepare([claim]))[claim.uid].error
         return {"start": after_start, "error": got, "live": live()}
 
     runs = [

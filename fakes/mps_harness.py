@@ -14,11 +14,12 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, make_device
@@ -162,7 +163,6 @@ def preparer(
     *,
     shares: Sharing | None = None,
     ready_timeout: float = 20.0,
-    on_step: Callable[[str], None] | None = None,
     devices: Mapping[str, Device] | None = None,
 ) -> tuple[ClaimPreparer, MpsStep]:
     """A preparer for the two GPUs above and the MIG device (or `devices`), its MPS step
@@ -172,10 +172,7 @@ def preparer(
     workloads = LoopWorkloads(api, asyncio.get_running_loop(), NAMESPACE, NODE)
     options = MpsOptions(DRIVER, IMAGE, ready_timeout, shares)
     driver = nvidia_driver(driver_root)
-    step = MpsStep(
-        options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m",
-        on_step=on_step,
-    )  # fmt: skip
+    step = MpsStep(options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m")
     if devices is None:
         devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
     prep = ClaimPreparer(
@@ -186,7 +183,6 @@ def preparer(
         claim_edits=lambda devs, claim: driver.claim_edits(devs, Path("/"), claim),
         fetch_claim=api.get_claim,
         devices=lambda: devices,
-        on_step=on_step,
         boot_id=lambda: "boot-1",
         sharing=shares,
         on_demand=ClaimSteps([step]),
@@ -204,7 +200,8 @@ async def _process(root: Path, url: str, action: str, uid: str, kill_at: str) ->
 
     api = KubeAPI.from_url(url)
     driver_root = Path(os.environ["MPS_TEST_DRIVER_ROOT"])
-    prep, _ = preparer(root, api, driver_root, on_step=on_step)
+    crashpoints.install(on_step)
+    prep, _ = preparer(root, api, driver_root)
     await prep.startup()
     claim = ClaimRef("default", uid, f"claim-{uid[:8]}")
     if action == "startup":
@@ -213,7 +210,7 @@ async def _process(root: Path, url: str, action: str, uid: str, kill_at: str) ->
         got = await prep.prepare([claim])
         out = {"error": got[uid].error}
     else:
-        out = {"error": (await prep.unprepare([claim]))[uid]}
+        out = {"error": (await prep.unprepare([claim]))[uid].error}
     await api.close()
     return out
 

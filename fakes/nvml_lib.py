@@ -1,27 +1,21 @@
 """Build the NVML stand-in (fakes/nvml/fake_nvml.c) into a fake driver root.
 
-The library lands at `<build>/<hash>/root/usr/lib64/libnvidia-ml.so.1`, where the hash
-covers the C source and compiler flags: a changed source gets a fresh directory, an
-unchanged one is reused across test runs. The build is written to a temporary name and
-renamed, so concurrent test processes never load a half-written file.
+The library lands at `<build>/<hash>/root/usr/lib64/libnvidia-ml.so.1` (fakes/cbuild.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from fakes.cbuild import BUILD_ROOT, SHARED, build_shared
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "nvml" / "fake_nvml.c"
 PROFILES = HERE / "nvml" / "profiles"
-BUILD_DIR = HERE.parent / ".build" / "nvml"  # /tests/.build/ is git-ignored
+BUILD_DIR = BUILD_ROOT / "nvml"
 LIBRARY = "libnvidia-ml.so.1"
-CFLAGS = ("-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-pthread")
+CFLAGS = SHARED
 
 PROFILE_ENV = "FAKE_NVML_PROFILE"
 EVENTS_ENV = "FAKE_NVML_EVENTS"
@@ -56,28 +50,5 @@ def profile_path(name: str) -> Path:
 
 def build_fake_nvml(build_dir: Path = BUILD_DIR) -> FakeNvml:
     """Compile the stand-in once per source version and return where it lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    root = build_dir / digest / "root"
-    library = root / "usr" / "lib64" / LIBRARY
-    if library.is_file():
-        return FakeNvml(root, library)
-    compiler = shutil.which(os.environ.get("CC", "gcc"))
-    if compiler is None:
-        raise RuntimeError("gcc is needed to build the NVML stand-in (set CC or install gcc)")
-    library.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".libnvidia-ml.", dir=library.parent)
-    os.close(fd)
-    try:
-        result = subprocess.run(
-            [compiler, *CFLAGS, "-o", tmp, str(SOURCE)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"building {SOURCE.name} failed:\n{result.stderr}")
-        os.replace(tmp, library)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    root, library = build_shared(SOURCE, build_dir, f"usr/lib64/{LIBRARY}", CFLAGS)
     return FakeNvml(root, library)

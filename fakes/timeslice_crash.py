@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
 
     os.environ.update(stand_in_env(PROFILE))
 
+    from dra_plugin import crashpoints
     from fakes.claim_harness import FakeApi, ref
     from fakes.nvidia_claims import allocated, manifest_spec
     from fakes.nvml_lib import build_fake_nvml
@@ -64,14 +65,14 @@ def main(argv: list[str]) -> int:
         }
 
     def process(call: str, kill_at: str | None) -> Any:
-        node = SliceNode(droot, root, api, on_step=lambda name: die(name, kill_at))
-        node.slicer.step = lambda name: die(name, kill_at)
+        crashpoints.install(lambda name: die(name, kill_at))
+        node = SliceNode(droot, root, api)
         asyncio.run(node.preparer.startup())
         after_start = seen()
         if call == "prepare":
             got = asyncio.run(node.preparer.prepare([claim]))[claim.uid].error
         else:
-            got = asyncio.run(node.preparer.unprepare([claim]))[claim.uid]
+            got = asyncio.run(node.preparer.unprepare([claim]))[claim.uid].error
         return {"start": after_start, "error": got, **seen()}
 
     runs = [

@@ -3,10 +3,12 @@ asks); `harness` is the claim preparer's world most claim tests start from."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dra_plugin import crashpoints
 from fakes.claim_harness import Harness, intel_device
 
 
@@ -27,6 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_crash_hook_left() -> Iterator[None]:
+    """A test may install a crash-point hook (dra_plugin.crashpoints); none outlives it."""
+    yield
+    crashpoints.install(None)
 
 
 @pytest.fixture

@@ -228,16 +228,14 @@ def write_rendered(
     *,
     durable: bool = True,
     beside: Sequence[tuple[Path, bytes]] = (),
-    temps: Sequence[Path] = (),
 ) -> Path:
     """Write a spec `render_claim_spec` made (and validated), with the files `beside` it
     in the same write step: every temp file, then their renames and the spec's last (so
     the spec never appears without them). `durable=False` skips the file and directory
-    fsyncs (atomic_write_all: a power loss may lose the files); `temps`: their temp
-    files made ahead (host.files.made_ahead), `beside` first."""
+    fsyncs (atomic_write_all: a power loss may lose the files)."""
     path = _path(cdi_dir, rendered.file_name)
     files = [*beside, (path, rendered.encoded or _encode(rendered.spec))]
-    atomic_write_all(files, SPEC_MODE, durable=durable, temps=temps)
+    atomic_write_all(files, SPEC_MODE, durable=durable)
     return path
 
 

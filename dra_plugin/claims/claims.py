@@ -13,14 +13,15 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import ClassVar, TypeVar
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import State, read_boot_id
-from dra_plugin.claims import context, devicemetadata, diskerrors, spares, specfiles
+from dra_plugin.claims import context, devicemetadata, diskerrors
 from dra_plugin.claims.allocation import ClaimError
 from dra_plugin.claims.contract import (
+    UNPREPARED,
     ClaimFailed,
     ClaimHandler,
     ClaimRef,
@@ -29,16 +30,16 @@ from dra_plugin.claims.contract import (
     Prepared,
     PreparedDevice,
     PrepareResult,
+    Unprepared,
+    UnprepareOutcome,
     check_ref,
 )
 from dra_plugin.claims.fetch import FetchClaim, Fetched, fetch_all, known_completed
 from dra_plugin.claims.groupcommit import GroupCommit, JobKind, runs
 from dra_plugin.claims.lockedrecord import LockedRecord
 from dra_plugin.claims.made import MadeDevices
-from dra_plugin.claims.onloop import NotOnLoop, OnLoop
 from dra_plugin.claims.passthread import PassThread
 from dra_plugin.claims.preparepass import ClaimEditor, Parts, PreparePass
-from dra_plugin.claims.spares import Spares
 from dra_plugin.claims.unprepare import unprepare
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
@@ -55,6 +56,8 @@ __all__ = [
     "PrepareResult",
     "Prepared",
     "PreparedDevice",
+    "UnprepareOutcome",
+    "Unprepared",
     "check_ref",
 ]
 
@@ -65,12 +68,33 @@ _T = TypeVar("_T")
 
 
 @dataclass
-class _Job:
-    kind: JobKind
+class _Prepare:
+    """A prepare call: its claims, their GETs, and (after its pass) each claim's outcome."""
+
+    kind: ClassVar[JobKind] = JobKind.PREPARE
+    refs: list[ClaimRef]
+    fetched: Mapping[str, Fetched]
+    answer: dict[str, Outcome] = field(default_factory=dict)
+
+
+@dataclass
+class _Unprepare:
+    """An unprepare call: its claims and (after its pass) each claim's outcome."""
+
+    kind: ClassVar[JobKind] = JobKind.UNPREPARE
+    refs: list[ClaimRef]
+    answer: dict[str, UnprepareOutcome] = field(default_factory=dict)
+
+
+@dataclass
+class _Startup:
+    """Start-up's pass: nothing to answer."""
+
+    kind: ClassVar[JobKind] = JobKind.STARTUP
     refs: list[ClaimRef] = field(default_factory=list)
-    fetched: Mapping[str, Fetched] = field(default_factory=dict)
-    ahead: asyncio.Task[dict[str, list[Path]]] | None = None  # temp files made ahead
-    made: Mapping[str, list[Path]] = field(default_factory=dict)  # what `ahead` made
+
+
+_Job = _Prepare | _Unprepare | _Startup
 
 
 class ClaimPreparer:
@@ -78,12 +102,13 @@ class ClaimPreparer:
 
     Serialized by group commit (calls that queue while a pass runs share the next one,
     groupcommit.py) plus the checkpoint's file lock (overlapping instances); the claim GET
-    happens before, file work runs in a thread, or on the loop for a lone prepare that
-    waits on nothing but the disk (onloop.py). A prepare pass is a PreparePass
-    (preparepass.py): each claim's outcome a typed value (contract.Outcome).
-    `on_step` exists only for crash tests: it is called at each named step
-    (claim-started, spec-written, claim-completed, claim-unpreparing, spec-removed,
-    claim-dropped, spec-rerendered).
+    happens before, on the event loop, and every locked pass (its lock wait, journal
+    appends, fsyncs, compactions, spec and metadata writes) runs in the driver's one pass
+    thread (passthread.py), never on the loop: a disk that stalls stalls the claims, not
+    the health streams, /healthz or the other drivers. A prepare pass is a PreparePass
+    (preparepass.py): each claim's outcome a typed value (contract.Outcome). Its crash
+    points (dra_plugin.crashpoints): claim-started, spec-written, claim-completed,
+    claim-unpreparing, spec-removed, claim-dropped, spec-rerendered.
     """
 
     def __init__(
@@ -97,15 +122,12 @@ class ClaimPreparer:
         devices: Callable[[], Mapping[str, Device]],
         cdi_options: cdi.CdiOptions | None = None,
         claim_edits: ClaimEditor | None = None,
-        on_step: Callable[[str], None] | None = None,
         on_held: Callable[[set[str]], None] | None = None,
         boot_id: Callable[[], str] = read_boot_id,
         sharing: Sharing | None = None,
         device_metadata: bool = False,
         on_demand: OnDemand | None = None,
         opaque_configs: Collection[tuple[str, str]] = frozenset(),
-        spare_files: bool = False,  # spares.py: the daemon's; tests count files made
-        on_loop: OnLoop | None = None,  # onloop.py; None: the default rules
     ) -> None:
         self.driver = driver
         self.node_name = node_name
@@ -113,16 +135,13 @@ class ClaimPreparer:
         self.options = cdi_options or cdi.CdiOptions()
         self._fetch = fetch_claim
         self._devices = devices
-        self._on_step = on_step
         self._on_held = on_held
         self.state_dir = state_dir
         self._checkpoint = Checkpoint(state_dir, driver, boot_id=boot_id)
         self.sharing = sharing
-        self._commit: GroupCommit[_Job, Any] = GroupCommit(self._run_batch, alone=self._now)
-        self._thread = PassThread(f"claims-{driver}")  # file work, off the event loop
-        self.on_loop = on_loop or OnLoop()  # ...but a lone prepare's pass (onloop.py)
+        self._commit: GroupCommit[_Job] = GroupCommit(self._run_batch)
+        self._thread = PassThread(f"claims-{driver}")  # all file work, off the event loop
         self._said: deque[tuple[str, str]] = deque()  # `prepared` lines not logged yet
-        self._spares = Spares(cdi_root, driver) if spare_files else None
         self.device_metadata = device_metadata  # KEP-5304 files; always removed and collected
         self._metadata = devicemetadata.MetadataFiles(driver, state_dir, cdi_root)
         contexts = context.PassContexts()  # what the vendor hooks see of a claim
@@ -148,7 +167,6 @@ class ClaimPreparer:
             sharing=sharing,
             opaque_configs=frozenset(opaque_configs),
             device_metadata=device_metadata,
-            step=self._step,
             settle=lambda state: self._record.settle(state, after_crash=False),
         )
         self.held: set[str] = set()
@@ -157,198 +175,122 @@ class ClaimPreparer:
     # --- public ----------------------------------------------------------------------
     async def startup(self) -> None:
         """Load the checkpoint, undo half-done work, remove orphan spec files."""
-        await self._commit.submit(_Job(JobKind.STARTUP))
-        if self._spares is not None:  # made after start-up's clean-up of temp files
-            self._thread.post(self._spares.restock)
+        await self._commit.submit(_Startup())
 
     def close(self) -> None:
-        """After the last call: the thread ends, the spare files go."""
+        """After the last call: the thread ends."""
         self._thread.stop(timeout=10)
-        if self._spares is not None:
-            specfiles.discard(self._spares.take_all())
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]:
         results: dict[str, Outcome] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
-            err = check_ref(ref)
-            if err:
-                results[ref.uid] = ClaimFailed(Failure.REFERENCE, err)
+            bad = check_ref(ref)
+            if bad is not None:
+                results[ref.uid] = bad
             else:
                 refs[ref.uid] = ref
-        alone = self._commit.quiet()
         with self._commit.arriving():  # a pass about to start waits for these GETs
             known = await known_completed(self._checkpoint, refs) - self._unproven
             todo = [r for uid, r in refs.items() if uid not in known]
-            lone = alone and len(todo) == 1
-            spare = self._spares.take() if lone and self._spares is not None else []
-            ahead = self._make_ahead(todo) if lone and not spare else None
-            try:
-                fetched = await fetch_all(self._fetch, todo)
-            except BaseException:  # cancelled by the kubelet: its files go when made
-                if ahead is not None:
-                    ahead.add_done_callback(spares.discard_made)
-                if spare and self._spares is not None:
-                    self._spares.give_back(spare)
-                raise
+            fetched = await fetch_all(self._fetch, todo)
         if refs:
-            made = {todo[0].uid: spare} if spare else {}
-            job = _Job(JobKind.PREPARE, list(refs.values()), fetched, ahead, made)
-            got = await self._submit(
-                job, lambda msg, disk: ClaimFailed(Failure.DISK if disk else Failure.INTERNAL, msg)
-            )
-            results.update(got)
-            if self._said or (self._spares is not None and self._spares.low()):
+            job = _Prepare(list(refs.values()), fetched)
+            exc = await self._submit(job)
+            if exc is None:
+                results.update(job.answer)
+            else:
+                results.update(_failed(self, job, exc))
+            if self._said:
                 # After the answer: the caller's task goes on to send it before the loop
-                # gets to this callback, so the kubelet waits neither for the log lines
-                # nor for new spare files.
-                asyncio.get_running_loop().call_soon(self._after_answer)
+                # gets to this callback, so the kubelet does not wait for the log lines.
+                asyncio.get_running_loop().call_soon(self._log_prepared)
         return results
 
-    def _after_answer(self) -> None:
+    def _log_prepared(self) -> None:
         while self._said:
             name, devices = self._said.popleft()
             log.info("prepared %s devices=%s", name, devices)
-        if self._spares is not None and self._spares.low():
-            self._thread.post(self._spares.restock)
 
-    def _make_ahead(self, todo: list[ClaimRef]) -> asyncio.Task[dict[str, list[Path]]]:
-        """A lone claim's two temp files, made in a thread while its GET is under way:
-        making a file is the slow part of its write when the file system's journal is
-        committing (host.files.made_ahead). Calls of several claims and bursts (the GETs
-        overlap each other; the pass is what they wait for) write as before."""
-        uid = todo[0].uid
-
-        def make() -> dict[str, list[Path]]:
-            return {uid: specfiles.made_ahead(self.cdi_root, self.driver, uid)}
-
-        return asyncio.create_task(self._thread.run(make))
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        results: dict[str, str] = {}
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]:
+        results: dict[str, UnprepareOutcome] = {}
         refs: dict[str, ClaimRef] = {}
         for ref in claims:
-            if cdi.valid_claim_uid(ref.uid):
-                refs[ref.uid] = ref
+            bad = check_ref(ref) if not cdi.valid_claim_uid(ref.uid) else None
+            if bad is not None:  # only its UID becomes a file name: the rest is not judged
+                results[ref.uid] = bad
             else:
-                results[ref.uid] = check_ref(ref)
+                refs[ref.uid] = ref
         if refs:
-            job = _Job(JobKind.UNPREPARE, list(refs.values()))
-            results.update(await self._submit(job, lambda msg, disk: msg))
+            job = _Unprepare(list(refs.values()))
+            exc = await self._submit(job)
+            if exc is None:
+                results.update(job.answer)
+            else:
+                results.update(_failed(self, job, exc))
         return results
 
-    async def _submit(self, job: _Job, error: Callable[[str, bool], _T]) -> dict[str, _T]:
-        """The pass's answers; a pass that failed as a whole (an unreadable checkpoint, a
-        bug) still answers every claim, with the reason."""
+    async def _submit(self, job: _Prepare | _Unprepare) -> Exception | None:
+        """None once the pass answered `job`; the exception when it failed as a whole
+        (an unreadable checkpoint, a bug): `_failed` then answers every claim."""
         try:
-            got: dict[str, _T] = await self._commit.submit(job)
-            return got
+            await self._commit.submit(job)
+            return None
         except Exception as exc:
             log.exception(
                 "%s of %d claim(s) failed driver=%s", job.kind, len(job.refs), self.driver
             )
-            disk = isinstance(exc, OSError)
-            if isinstance(exc, OSError):
-                why = diskerrors.state_dir(self.state_dir, exc, "cannot use the checkpoint")
-            else:
-                why = f"internal error: {type(exc).__name__}: {exc}"
-            return {r.uid: error(f"{r}: {job.kind} failed: {why}", disk) for r in job.refs}
+            return exc
 
     # --- locking, batching and recovery ---------------------------------------------
-    async def _run_batch(self, jobs: list[_Job]) -> list[Any]:
-        for job in jobs:  # made while the GETs were under way: done by now, normally
-            if job.ahead is not None:
-                job.made = await spares.made(job.ahead)
+    async def _run_batch(self, jobs: list[_Job]) -> list[BaseException | None]:
         devices = dict(self._devices())
-        got = self._on_loop(jobs, devices) if self._lone(jobs) else None
-        if got is None:
-            got = await self._thread.run(
-                lambda: self._record.locked(lambda st: self._pass(st, jobs, devices))
-            )
-        return self._after_pass(*got)
-
-    def _now(self, job: _Job) -> Any:
-        """GroupCommit's `alone`: a job that found nothing running or queued, its pass run
-        now in the caller's task where it may run on the loop; None: it queues."""
-        if not self._lone([job]):
-            return None
-        if job.ahead is not None:  # its temp files: made by now, normally
-            if not job.ahead.done():
-                return None
-            job.made, job.ahead = spares.made_now(job.ahead), None
-        got = self._on_loop([job], dict(self._devices()))
-        return None if got is None else self._after_pass(*got)[0]
-
-    def _after_pass(self, result: list[Any], held: set[str]) -> list[Any]:
+        failed, held = await self._thread.run(
+            lambda: self._record.locked(lambda st: self._pass(st, jobs, devices))
+        )
         if held != self.held:
             self.held = held
             if self._on_held is not None:
                 self._on_held(set(held))
-        return result
-
-    def _lone(self, jobs: list[_Job]) -> bool:
-        """Condition 1 of onloop.py: one call of one claim, to be read from its GET."""
-        if len(jobs) != 1 or jobs[0].kind is not JobKind.PREPARE or len(jobs[0].refs) != 1:
-            return False
-        return jobs[0].refs[0].uid in jobs[0].fetched and self.on_loop.allowed()
-
-    def _on_loop(
-        self, jobs: list[_Job], devices: Mapping[str, Device]
-    ) -> tuple[list[Any], set[str]] | None:
-        """The pass run here, on the event loop; None when it must run in the thread
-        (onloop.py: nothing of it was done)."""
-        since, done = self.on_loop.started(), False
-        try:
-            got = self._record.locked(
-                lambda st: self._pass(st, jobs, devices, on_loop=True), on_loop=True
-            )
-            done = True
-            return got
-        except NotOnLoop as exc:
-            log.debug("prepare pass in the thread driver=%s: %s", self.driver, exc)
-            return None
-        finally:
-            self.on_loop.ran(since, done=done)
+        return failed
 
     def _pass(
-        self,
-        state: State,
-        jobs: list[_Job],
-        devices: Mapping[str, Device],
-        *,
-        on_loop: bool = False,
-    ) -> list[Any]:
+        self, state: State, jobs: list[_Job], devices: Mapping[str, Device]
+    ) -> list[BaseException | None]:
         """One locked pass over queued calls, in order; runs of prepares (or unprepares)
-        become one prepare: one journal write per phase, one fsync per directory."""
-        out: list[Any] = []
+        become one prepare: one journal write per phase, one fsync per directory. Each
+        job gets its answer in place; per job, the exception its run ended with."""
+        out: list[BaseException | None] = []
         for run in runs(jobs, lambda job: job.kind):
             refs: dict[str, ClaimRef] = {}
             for job in run:
                 for r in job.refs:
                     refs.setdefault(r.uid, r)  # a claim in two calls is prepared once
             try:
-                if run[0].kind is JobKind.STARTUP:
-                    self._unproven = self._record.startup(state)
-                    done: Mapping[str, Any] = {}
-                elif run[0].kind is JobKind.PREPARE:
-                    fetched = {u: f for job in run for u, f in job.fetched.items()}
-                    ahead = {u: t for job in run for u, t in job.made.items()}
-                    done = self._prepare(
-                        state, list(refs.values()), fetched, devices, ahead, on_loop=on_loop
-                    )
-                else:
-                    done = self._unprepare(state, list(refs.values()))
-            except NotOnLoop:
-                raise  # nothing done: the pass runs again in the thread
+                self._run_kind(state, run, list(refs.values()), devices)
             except Exception as exc:  # noqa: BLE001 - the callers of this run get it
                 out.extend([exc] * len(run))
                 continue
-            out.extend({r.uid: done[r.uid] for r in job.refs} for job in run)
+            out.extend([None] * len(run))
         return out
 
-    def _step(self, name: str) -> None:
-        if self._on_step is not None:
-            self._on_step(name)
+    def _run_kind(
+        self, state: State, run: list[_Job], refs: list[ClaimRef], devices: Mapping[str, Device]
+    ) -> None:
+        """One run of jobs of one kind, each answered in place."""
+        prepares = [job for job in run if isinstance(job, _Prepare)]
+        unprepares = [job for job in run if isinstance(job, _Unprepare)]
+        if prepares:
+            fetched = {u: f for job in prepares for u, f in job.fetched.items()}
+            done = self._prepare(state, refs, fetched, devices)
+            for p in prepares:
+                p.answer = {r.uid: done[r.uid] for r in p.refs}
+        elif unprepares:
+            gone = self._unprepare(state, refs)
+            for u in unprepares:
+                u.answer = {r.uid: gone[r.uid] for r in u.refs}
+        else:
+            self._unproven = self._record.startup(state)
 
     # --- prepare ---------------------------------------------------------------------
     def _prepare(
@@ -357,18 +299,15 @@ class ClaimPreparer:
         refs: list[ClaimRef],
         fetched: Mapping[str, Fetched],
         devices: Mapping[str, Device],
-        ahead: Mapping[str, list[Path]],
-        *,
-        on_loop: bool = False,
     ) -> dict[str, Outcome]:
-        claim_pass = PreparePass(self._parts, state, devices, ahead, on_loop=on_loop)
+        claim_pass = PreparePass(self._parts, state, devices)
         done = claim_pass.run(refs, fetched, self._unproven)
         self._said.extend(claim_pass.said)
         self._unproven.difference_update(claim_pass.recorded)  # judged on the API's word
         return done
 
     # --- unprepare -------------------------------------------------------------------
-    def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, str]:
+    def _unprepare(self, state: State, refs: list[ClaimRef]) -> dict[str, UnprepareOutcome]:
         done = unprepare(
             state,
             refs,
@@ -377,8 +316,17 @@ class ClaimPreparer:
             cdi_root=self.cdi_root,
             state_dir=self.state_dir,
             metadata=self._metadata,
-            step=self._step,
             release=self._made.release,
         )
-        self._unproven.difference_update(u for u, err in done.items() if not err)
+        self._unproven.difference_update(u for u, got in done.items() if got is UNPREPARED)
         return done
+
+
+def _failed(p: ClaimPreparer, job: _Prepare | _Unprepare, exc: Exception) -> dict[str, ClaimFailed]:
+    """Each claim of a job whose pass failed as a whole, with why."""
+    if isinstance(exc, OSError):
+        kind = Failure.DISK
+        why = diskerrors.state_dir(p.state_dir, exc, "cannot use the checkpoint")
+    else:
+        kind, why = Failure.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    return {r.uid: ClaimFailed(kind, f"{r}: {job.kind} failed: {why}") for r in job.refs}

@@ -29,7 +29,15 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from dra_plugin.claims.claims import ClaimHandler, ClaimRef, Outcome, Prepared, PreparedDevice
+from dra_plugin.claims.claims import (
+    ClaimHandler,
+    ClaimRef,
+    Outcome,
+    Prepared,
+    PreparedDevice,
+    Unprepared,
+    UnprepareOutcome,
+)
 from dra_plugin.devices import PCI_BUS_ID, Device
 from dra_plugin.kubeapi import ApiError
 from dra_plugin.telemetry import metrics
@@ -232,10 +240,10 @@ class ClaimStatusReporter:
         elif not self._deferred and not self._writing:
             self._done.set()  # nothing new to write, and no batch under way
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]:
         results = await self._inner.unprepare(claims)
         for ref in claims:
-            if not results.get(ref.uid):
+            if isinstance(results.get(ref.uid), Unprepared):
                 self._written.pop(ref.uid, None)
                 self._pending.pop(ref.uid, None)
         return results

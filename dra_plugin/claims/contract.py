@@ -91,6 +91,20 @@ class ClaimFailed:
 Outcome = Prepared | ClaimFailed
 
 
+@dataclass(frozen=True)
+class Unprepared:
+    """The claim is unprepared here (or never was: an unknown UID succeeds)."""
+
+    @property
+    def error(self) -> str:
+        """'' (the kubelet's error field for an unprepared claim)."""
+        return ""
+
+
+UNPREPARED = Unprepared()
+UnprepareOutcome = Unprepared | ClaimFailed
+
+
 def PrepareResult(devices: tuple[PreparedDevice, ...] = (), error: str = "") -> Outcome:
     """An outcome from the kubelet's two fields (a handler that keeps no kinds: test
     doubles of the servicer); an error is of kind UNKNOWN."""
@@ -102,29 +116,30 @@ class ClaimHandler(Protocol):
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Outcome]: ...
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        """uid -> error text ('' on success)."""
-        ...
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]: ...
 
 
 def _short(value: str) -> str:
     return repr(value if len(value) <= 80 else value[:80] + "...")
 
 
-def check_ref(ref: ClaimRef) -> str:
-    """'' when the kubelet's claim reference is safe to use (UIDs become file names)."""
+def check_ref(ref: ClaimRef) -> ClaimFailed | None:
+    """None when the kubelet's claim reference is safe to use (UIDs become file names),
+    else the claim's failure (kind REFERENCE) saying why."""
     if not cdi.valid_claim_uid(ref.uid):
-        return (
+        return ClaimFailed(
+            Failure.REFERENCE,
             f"claim {_short(ref.namespace)}/{_short(ref.name)} (uid {_short(ref.uid)}): "
             "the UID is not a DNS label (lowercase a-z, 0-9, '-', at most 63); refused "
-            "before it could become a file name"
+            "before it could become a file name",
         )
     if not is_dns_label(ref.namespace) or not is_dns_subdomain(ref.name):
-        return (
+        return ClaimFailed(
+            Failure.REFERENCE,
             f"claim {_short(ref.namespace)}/{_short(ref.name)} (uid {ref.uid}): namespace "
-            "must be a DNS label and name a DNS subdomain"
+            "must be a DNS label and name a DNS subdomain",
         )
-    return ""
+    return None
 
 
 def prepared(rec: ClaimRecord) -> Prepared:

@@ -13,10 +13,9 @@ loop still serves the later calls and their GETs: the two fight over the GIL and
 slow down. With it the GETs finish first and one pass follows, as for one call carrying
 the 64. A lone call never waits.
 
-`alone(job)`, where given, may run a job that finds nothing running, queued or on its
-way at once in the caller's task, without a pass task and the two hand-offs through it;
-it returns the job's result (an exception instance: raised to the caller), or None to
-queue the job as any other. It must not await: nothing else may start meanwhile.
+A pass answers each job in the job itself (its own typed answer field, set by `run`);
+what comes back through here per job is only whether its part of the pass failed, so
+every kind of job keeps its own result type and nothing is `Any` on the way.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from enum import StrEnum
 from typing import Generic, TypeVar
 
 J = TypeVar("J")
-R = TypeVar("R")
 K = TypeVar("K")
 
 
@@ -52,20 +50,20 @@ class JobKind(StrEnum):
     STARTUP = "startup"
 
 
-class GroupCommit(Generic[J, R]):
+class GroupCommit(Generic[J]):
     def __init__(
         self,
-        run: Callable[[list[J]], Awaitable[Sequence[R | BaseException]]],
+        run: Callable[[list[J]], Awaitable[Sequence[BaseException | None]]],
         *,
-        alone: Callable[[J], R | BaseException | None] | None = None,
         linger: float = 0.25,
         gap: float = 0.01,
     ) -> None:
+        """`run(jobs)` answers each job in place and returns, per job, the exception its
+        part of the pass ended with, or None."""
         self._run = run
-        self._alone = alone
         self.linger = linger
         self.gap = gap
-        self._queue: list[tuple[J, asyncio.Future[R]]] = []
+        self._queue: list[tuple[J, asyncio.Future[None]]] = []
         self._worker: asyncio.Task[None] | None = None
         self._arriving = 0
         self._submitted: asyncio.Event | None = None
@@ -80,20 +78,10 @@ class GroupCommit(Generic[J, R]):
         finally:
             self._arriving -= 1
 
-    def quiet(self) -> bool:
-        """No pass running or queued and no caller on its way: a call now is alone."""
-        idle = self._worker is None or self._worker.done()
-        return idle and not self._queue and not self._arriving
-
-    async def submit(self, job: J) -> R:
-        if self._alone is not None and self.quiet():
-            got = self._alone(job)
-            if got is not None:
-                self.passes += 1
-                if isinstance(got, BaseException):
-                    raise got
-                return got
-        fut: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+    async def submit(self, job: J) -> None:
+        """Returns once a pass has answered `job`; raises what its part of the pass
+        raised."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((job, fut))
         if self._submitted is not None:
             self._submitted.set()
@@ -102,7 +90,7 @@ class GroupCommit(Generic[J, R]):
         # Not shielded: a caller that goes away cancels only its own future, which the
         # pass then skips (the pass runs in `_drain`'s task, not the caller's); a shield
         # would add a callback hop to every answer.
-        return await fut
+        await fut
 
     async def _wait_for_arrivals(self) -> None:
         """While announced callers are on their way and keep submitting (one at least
@@ -125,7 +113,7 @@ class GroupCommit(Generic[J, R]):
             batch, self._queue = self._queue, []
             self.passes += 1
             try:
-                results = await self._run([job for job, _ in batch])
+                results: Sequence[BaseException | None] = await self._run([job for job, _ in batch])
             except BaseException as exc:  # every caller of the pass gets the failure
                 results = [exc] * len(batch)
                 if not isinstance(exc, Exception):
@@ -136,7 +124,7 @@ class GroupCommit(Generic[J, R]):
             for (_, fut), result in zip(batch, results, strict=True):
                 if fut.done():
                     continue
-                if isinstance(result, BaseException):
+                if result is not None:
                     fut.set_exception(result)
                 else:
-                    fut.set_result(result)
+                    fut.set_result(None)

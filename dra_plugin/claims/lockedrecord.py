@@ -11,21 +11,14 @@ from pathlib import Path
 from typing import TypeVar
 
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.snapshot import ClaimRecord, State
+from dra_plugin.checkpoint.snapshot import State
 from dra_plugin.claims import rebuild
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.claims.made import MadeDevices
-from dra_plugin.claims.onloop import NotOnLoop
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-def _not_on_loop() -> dict[str, ClaimRecord]:
-    """The rebuild of a pass on the loop: the record is damaged or missing, which the
-    thread's pass rebuilds (called before the checkpoint changes anything)."""
-    raise NotOnLoop("the record must be rebuilt")
 
 
 class LockedRecord:
@@ -45,23 +38,14 @@ class LockedRecord:
         self._metadata = metadata
         self._made = made
 
-    def locked(self, fn: Callable[[State], _T], *, on_loop: bool = False) -> tuple[_T, set[str]]:
+    def locked(self, fn: Callable[[State], _T]) -> tuple[_T, set[str]]:
         """`fn(state)` under the lock, the record loaded and settled, and the devices held
-        after it. `on_loop`: raises NotOnLoop, having changed nothing, where the lock is
-        taken or the record is not as cached (onloop.py, conditions 2 and 3)."""
+        after it. Blocks (the lock, the disk): called in the pass thread only."""
         ck = self.checkpoint
-        if not on_loop:
-            ck.lock.acquire()
-        elif not ck.lock.acquire(blocking=False):
-            raise NotOnLoop("the checkpoint lock is held")
+        ck.lock.acquire()
         try:
-            rebuilt = _not_on_loop if on_loop else partial(
-                rebuild.rebuild, self.cdi_root, self.driver, self.node_name
-            )  # fmt: skip
-            loaded = ck.load(rebuilt)
+            loaded = ck.load(partial(rebuild.rebuild, self.cdi_root, self.driver, self.node_name))
             state = loaded.state
-            if on_loop and (loaded.rebooted or state.claims.unsettled):
-                raise NotOnLoop("the record has a boot to mark or entries to settle")
             self.settle(state)
             if loaded.rebooted:
                 log.warning(

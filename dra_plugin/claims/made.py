@@ -22,7 +22,7 @@ from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
 from dra_plugin.devices import Device
 from dra_plugin.host.files import atomic_write, kind
-from dra_plugin.vendors.base import Made, OnDemand, Work
+from dra_plugin.vendors.base import Made, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 log = logging.getLogger(__name__)
@@ -98,17 +98,6 @@ class MadeDevices:
             return rec, unique
         made = self.on_demand.make(self._recording(self._claim(rec), rec), unique)
         return with_vendor(rec, made), made.devices
-
-    def work(self, rec: ClaimRecord, devices: Sequence[Device]) -> Work:
-        """What `make` would do for this claim (vendors.base.Work). A hook that cannot
-        tell (a config it rejects: `make` says why) is taken to wait."""
-        if self.on_demand is None:
-            return Work.NONE
-        unique = list({d.name: d for d in devices}.values())
-        try:
-            return self.on_demand.work(self._claim(rec), unique)
-        except Exception:  # noqa: BLE001 - `make`, in the thread, turns it into the error
-            return Work.WAITS
 
     def release(self, ref: ClaimRef | None, rec: ClaimRecord | None) -> None:
         """Destroy what was made for the claim (as recorded; `ref` alone for a claim the

@@ -4,8 +4,8 @@ and settle by one object, ending as an Outcome (`Prepared` or `ClaimFailed`, con
 For each claim: its allocation checked against what the node holds (allocation.py), then
 
 1. `started` entries, one journal append (not fsync'd);
-2. devices made on demand (`MadeDevices.make`, not called where its `work` says there is
-   nothing to do; a claim of a driver without them was rendered before 1);
+2. devices made on demand (`MadeDevices.make`; a claim of a driver without them was
+   rendered before 1);
 3. the spec rendered, once, from the devices as the claim gets them, and written with the
    spec record beside it in one step, without fsync (device metadata fsync'd);
 4. `completed` entries, one durable append.
@@ -18,9 +18,7 @@ next pass (or start-up) then undoes. A phase-4 failure undoes the pass's claims 
 would be undone (rebuild.settle). A claim prepared already is answered from its record,
 its spec written again where it is not what was written (`_again`).
 
-A pass on the event loop (onloop.py) stops with NotOnLoop before any `started` entry
-where devices must wait to be made, or where a claim is prepared already (its spec may
-have to be made again, its devices with it).
+The pass runs in the driver's pass thread, never on the event loop (claims.py).
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.recovery import who
@@ -47,11 +46,10 @@ from dra_plugin.claims.contract import (
 )
 from dra_plugin.claims.fetch import Fetched, FetchFailed
 from dra_plugin.claims.made import MadeDevices
-from dra_plugin.claims.onloop import NotOnLoop
 from dra_plugin.devices import Device
 from dra_plugin.host.files import batched_dir_syncs
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import MakeError, Work
+from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext
 
 log = logging.getLogger(__name__)
@@ -77,7 +75,6 @@ class Parts:
     sharing: Sharing | None
     opaque_configs: frozenset[tuple[str, str]]  # (apiVersion, kind) the vendor understands
     device_metadata: bool
-    step: Callable[[str], None]
     settle: Callable[[State], list[str]]  # undo `started` entries; the uids it dropped
 
 
@@ -88,7 +85,6 @@ class _Claim:
     rec: ClaimRecord
     devices: list[Device]  # as the claim gets them (after phase 2: as made)
     rendered: cdi.RenderedSpec | None = None
-    work: Work = Work.NONE  # what making its devices does (phase 2)
 
 
 class PreparePass:
@@ -97,15 +93,10 @@ class PreparePass:
         parts: Parts,
         state: State,
         devices: Mapping[str, Device],
-        ahead: Mapping[str, list[Path]] | None = None,
-        *,
-        on_loop: bool = False,
     ) -> None:
         self.p = parts
-        self.on_loop = on_loop  # raise NotOnLoop before anything is done that may wait
         self.state = state
         self.devices = devices
-        self.ahead = dict(ahead or {})  # claim uid -> its temp files made ahead
         self.out: dict[str, Outcome] = {}
         self.recorded: list[str] = []  # claims this pass recorded as prepared
         # (who, devices) of each claim prepared: logged by the caller once it has answered
@@ -116,19 +107,6 @@ class PreparePass:
         self, refs: Sequence[ClaimRef], fetched: Mapping[str, Fetched], unproven: set[str]
     ) -> dict[str, Outcome]:
         """Every claim of `refs` (its GET in `fetched`, or prepared already and proven)."""
-        try:
-            out = self._run(refs, fetched, unproven)
-        except NotOnLoop:
-            raise  # nothing done: the thread's pass writes into the temp files
-        except BaseException:
-            specfiles.discard(t for temps in self.ahead.values() for t in temps)
-            raise
-        specfiles.discard(t for temps in self.ahead.values() for t in temps)
-        return out
-
-    def _run(
-        self, refs: Sequence[ClaimRef], fetched: Mapping[str, Fetched], unproven: set[str]
-    ) -> dict[str, Outcome]:
         self.p.contexts.clear()  # the last pass's API reads are not this one's
         holdings = Holdings.of(self.state.claims, self.p.sharing)
         accepted: list[_Claim] = []
@@ -136,8 +114,6 @@ class PreparePass:
             rec = self.state.claims.get(ref.uid)
             proven = ref.uid not in unproven
             if rec is not None and rec.state == COMPLETED and not rec.recovered and proven:
-                if self.on_loop:  # its spec may need its devices made again
-                    raise NotOnLoop(f"{ref} is prepared already")
                 self.out[ref.uid] = self._again(ref, rec)
                 continue
             got = fetched.get(ref.uid)
@@ -199,17 +175,12 @@ class PreparePass:
 
     def _commit(self, claims: list[_Claim]) -> None:
         p = self.p
-        if p.made.on_demand is not None:
-            for c in claims:
-                c.work = p.made.work(c.rec, c.devices)
-            if self.on_loop and any(c.work is Work.WAITS for c in claims):
-                raise NotOnLoop("making the claim's devices waits on the GPU or a process")
         # Phase 1: record intent before any side effect. Not fsync'd: a process crash
         # keeps it (page cache), and if a power loss drops it, the spec file written next
         # has no owner and start-up garbage collection removes it: the same end state.
         if not self._record([c.rec for c in claims], durable=False):
             return
-        p.step("claim-started")
+        crashpoints.reached("claim-started")
         failed: list[str] = []  # `started` entries to drop: nothing of theirs is left
         if p.made.on_demand is not None:
             claims = [c for c in claims if self._make(c, failed)]
@@ -223,12 +194,11 @@ class PreparePass:
             for c in claims:
                 assert c.rendered is not None
                 try:
-                    temps = self.ahead.pop(c.rec.uid, ())
-                    specfiles.write(p.cdi_root, c.rendered, c.rec, durable=False, temps=temps)
+                    specfiles.write(p.cdi_root, c.rendered, c.rec, durable=False)
                 except (OSError, cdi.CdiError) as exc:
                     self._spec_failed(c.rec, exc, failed)
                     continue
-                p.step("spec-written")
+                crashpoints.reached("spec-written")
                 if c.rec.device_metadata is not None:
                     c.rec = p.metadata.write_or_drop(c.rec, self.devices)
                 written.append(c)
@@ -245,15 +215,14 @@ class PreparePass:
             self.out[rec.uid] = prepared(rec)
             self.recorded.append(rec.uid)
             self.said.append((who(rec), ",".join(d.device for d in rec.devices)))
-        p.step("claim-completed")
+        crashpoints.reached("claim-completed")
 
     def _make(self, c: _Claim, failed: list[str]) -> bool:
         """Phase 2 for one claim: its devices made, then its spec rendered; False (and the
         claim's error) when either fails. What was made is released again; when even that
         fails the `started` entry stays, for the next pass to undo."""
         try:
-            if c.work is not Work.NONE:
-                c.rec, c.devices = self.p.made.make(c.rec, c.devices)
+            c.rec, c.devices = self.p.made.make(c.rec, c.devices)
         except Exception as exc:
             kind = Failure.MAKE if isinstance(exc, MakeError) else Failure.INTERNAL
             if kind is Failure.INTERNAL:
@@ -334,7 +303,7 @@ class PreparePass:
             p.metadata.write(rec, self.devices)  # raises: this claim's error, retried next time
         p.checkpoint.put([rec], durable=False)  # made durable at the end of the pass
         log.info("re-rendered CDI spec %s file=%s", who(rec), rec.spec_file)
-        p.step("spec-rerendered")
+        crashpoints.reached("spec-rerendered")
         return rec
 
     # --- failures ------------------------------------------------------------------------

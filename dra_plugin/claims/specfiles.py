@@ -5,7 +5,7 @@ record left alone by a crash)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
@@ -14,31 +14,10 @@ from dra_plugin.checkpoint.snapshot import ClaimRecord
 from dra_plugin.host import files
 
 
-def write(
-    cdi_root: Path,
-    rendered: cdi.RenderedSpec,
-    rec: ClaimRecord,
-    *,
-    durable: bool,
-    temps: Sequence[Path] = (),
-) -> Path:
-    """The spec and the record `rec` beside it, in one write step (`temps`: their temp
-    files, `made_ahead`)."""
+def write(cdi_root: Path, rendered: cdi.RenderedSpec, rec: ClaimRecord, *, durable: bool) -> Path:
+    """The spec and the record `rec` beside it, in one write step."""
     record = (specrecord.path(cdi_root, rendered.file_name), specrecord.encode(rec).encode())
-    return cdi.write_rendered(cdi_root, rendered, durable=durable, beside=[record], temps=temps)
-
-
-def made_ahead(cdi_root: Path, driver: str, uid: str) -> list[Path]:
-    """The temp files of a claim's record and spec, made before its write (while its
-    GET is under way: host.files.made_ahead); raises OSError."""
-    spec = cdi.spec_file_name(driver, uid)
-    return files.made_ahead([specrecord.path(cdi_root, spec), cdi_root / spec])
-
-
-def discard(temps: Iterable[Path]) -> None:
-    """Temp files made ahead and not used (their claim was not written)."""
-    for tmp in temps:
-        files.remove_any(tmp)
+    return cdi.write_rendered(cdi_root, rendered, durable=durable, beside=[record])
 
 
 def remove(cdi_root: Path, spec_file: str) -> bool:

@@ -71,73 +71,25 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o600, *, durable: bool = 
     atomic_write_all([(path, data)], mode, durable=durable)
 
 
-def made_ahead(paths: Sequence[Path]) -> list[Path]:
-    """Empty temp files for a later `atomic_write_all` of `paths` (its `temps`), named as
-    it names them. Making a file is the slow part of an atomic write when the file
-    system's journal is committing (after any fsync: 0.05 ms quiet, 0.2-0.3 ms then), so
-    a caller that waits for something else first (a prepare for its claim's GET) makes
-    them in the meantime. Left unused, they are removed like any temp file of ours."""
-    token = secrets.token_hex(4)
-    made: list[Path] = []
-    try:
-        for path in paths:
-            tmp = _temp_name(path, token)
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-            made.append(tmp)
-    except BaseException:
-        for tmp in made:
-            tmp.unlink(missing_ok=True)
-        raise
-    return made
-
-
 def _temp_name(path: Path, token: str) -> Path:
     return path.parent / f".{path.name}.tmp-{token}"
 
 
-def _open_made(tmp: Path) -> int | None:
-    """A temp file `made_ahead` made, opened for writing; None when it is not that any
-    more (gone, or replaced by anything but an empty regular file of ours)."""
-    try:  # O_NONBLOCK: a FIFO in its place fails at once instead of waiting
-        fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    st = os.fstat(fd)
-    ours = st.st_uid == os.geteuid() and st.st_nlink == 1 and not st.st_size
-    if stat.S_ISREG(st.st_mode) and ours:
-        return fd
-    os.close(fd)
-    return None
-
-
 def atomic_write_all(
-    files: Sequence[tuple[Path, bytes]],
-    mode: int = 0o600,
-    *,
-    durable: bool = True,
-    temps: Sequence[Path] = (),
+    files: Sequence[tuple[Path, bytes]], mode: int = 0o600, *, durable: bool = True
 ) -> None:
     """`atomic_write` for files written together (a spec and its record): every temp
     file written first, then the renames, back to back in the given order (a crash
     between two leaves the earlier files whole and the later ones as they were), then
-    one fsync per directory. A failure before the renames leaves no file changed.
-    `temps`: the files' temp files `made_ahead`, in order (one that is not usable any
-    more is made again); they are gone afterwards, used or not."""
+    one fsync per directory. A failure before the renames leaves no file changed, and
+    no temp file outlives the call."""
     token = secrets.token_hex(4)  # one random name part for the batch: one getrandom
-    ahead = list(temps)
-    used: set[Path] = set()  # of `ahead`
-    temps_now: list[Path] = []
+    temps: list[Path] = []
     try:
-        for i, (path, data) in enumerate(files):
-            tmp = ahead[i] if i < len(ahead) else None
-            fd = _open_made(tmp) if tmp is not None else None
-            if fd is not None and tmp is not None:
-                used.add(tmp)
-            else:
-                tmp = _temp_name(path, token)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-            assert tmp is not None
-            temps_now.append(tmp)
+        for path, data in files:
+            tmp = _temp_name(path, token)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+            temps.append(tmp)
             try:
                 os.fchmod(fd, mode)  # the umask must not decide what the runtime can read
                 view = memoryview(data)
@@ -147,21 +99,17 @@ def atomic_write_all(
                     os.fsync(fd)
             finally:
                 os.close(fd)
-        for tmp, (path, _) in zip(list(temps_now), files, strict=True):
+        for tmp, (path, _) in zip(list(temps), files, strict=True):
             try:
                 os.replace(tmp, path)  # over a link: the link is replaced, never its target
             except IsADirectoryError:  # a directory where our file belongs
                 remove_unexpected(path, "directory", "file")
                 os.replace(tmp, path)
-            temps_now.remove(tmp)
+            temps.remove(tmp)
     except BaseException:
-        for tmp in temps_now:
+        for tmp in temps:
             tmp.unlink(missing_ok=True)
         raise
-    finally:
-        for tmp in ahead:
-            if tmp not in used:
-                remove_any(tmp)  # not ours any more, or not needed
     if durable:
         for parent in dict.fromkeys(path.parent for path, _ in files):
             sync_dir(parent)

@@ -175,9 +175,10 @@ class _DRAServicer:
 
         async def call() -> Any:
             results = await self._handler.unprepare(claims)
-            results = _missing(claims, results, "no result from plugin")
+            missing = ClaimFailed(Failure.INTERNAL, "no result from plugin")
             resp = self._pb.NodeUnprepareResourcesResponse()
-            for uid, err in results.items():
+            for uid, res in _missing(claims, results, missing).items():
+                err = res.error
                 resp.claims[uid].error = err
                 if err:
                     metrics.claim_error(self._driver, "unprepare")

@@ -18,7 +18,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeVar
 
@@ -115,14 +114,6 @@ class Made:
     vendor: Mapping[str, VendorEntry] = field(default_factory=dict)
 
 
-class Work(IntEnum):
-    """What `OnDemand.make` would do for a claim (`OnDemand.work`); the most of several."""
-
-    NONE = 0  # nothing: `make` would return the devices as given, with no vendor entry
-    FILES = 1  # small files of ours only: no slower than the claim's own spec write
-    WAITS = 2  # waits on something slower than this node's disk: the GPU, a tool, a process
-
-
 class OnDemand(Protocol):
     """Devices a driver makes when a claim is prepared and destroys when it is
     unprepared (partitions of a GPU made on demand). The core calls these with the claim's
@@ -137,13 +128,6 @@ class OnDemand(Protocol):
         unchanged. What must be on disk before the hardware changes (where the device
         will be made) goes into the claim's record first, with `claim.record`. On
         failure undoes what this call made and raises MakeError."""
-        ...
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        """What `make` would do for this claim, asked first (with the lock held, before
-        its `started` entry) and changing nothing. NONE: `make` is not called. FILES or
-        NONE: a lone prepare's pass may run on the event loop (claims/onloop.py), so say
-        WAITS whenever unsure."""
         ...
 
     def release(self, claim: ClaimContext) -> None:

@@ -15,7 +15,9 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +49,10 @@ GO_HOME_BIN = "/usr/local/go/bin"
 def _go() -> str:
     go = shutil.which("go") or shutil.which("go", path=GO_HOME_BIN)
     if go is None:
-        raise JudgeBuildError(f"the judges need Go (go1.26+) on PATH or in {GO_HOME_BIN}")
+        raise JudgeBuildError(
+            f"the judges need Go (go1.26+) on PATH or in {GO_HOME_BIN}: "
+            "`bash .ci/setup --tests` installs one (.ci/ensure-go)"
+        )
     return go
 
 
@@ -93,8 +98,20 @@ def source_key(go: str | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
-def build() -> Built:
-    """Every program under judges/cmd/, built for the current sources."""
+def _quiet(line: str) -> None:
+    pass
+
+
+def _go_run(go: str, *args: str) -> None:
+    proc = subprocess.run([go, *args], cwd=JUDGES, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise JudgeBuildError(f"go {' '.join(args)} in {JUDGES} failed:\n{proc.stderr[-4000:]}")
+
+
+def build(progress: Callable[[str], None] = _quiet) -> Built:
+    """Every program under judges/cmd/, built for the current sources. `progress` gets a
+    line as each part starts (the module download, each binary) and one at the end, with
+    the time so far: a fresh machine's build takes minutes."""
     go = _go()
     key = source_key(go)
     out = BIN_ROOT / key
@@ -107,19 +124,38 @@ def build() -> Built:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         t0 = time.monotonic()
-        # Plain flags (no -trimpath, the environment's CGO setting): Go's build cache keys on
-        # them, so a plain `go build ./...` in judges/ warms exactly what this build reuses.
-        proc = subprocess.run(
-            [go, "build", "-ldflags", _ldflags(), "-o", str(tmp) + "/", "./cmd/..."],
-            cwd=JUDGES,
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
+        names = sorted(p.name for p in (JUDGES / "cmd").iterdir() if (p / "main.go").is_file())
+        # Where the time goes: the modules (downloaded once per machine, into Go's module
+        # cache), then one binary after the other; the first compiles most of what the
+        # others share (Go's build cache), so it takes longest.
+        parts: dict[str, float] = {}
+        try:
+            cache = _gomodcache(go)
+            progress(f"modules: go list -deps ./cmd/... (fetches those not yet in {cache})")
+            _go_run(go, "list", "-deps", "./cmd/...")
+            parts["modules"] = time.monotonic() - t0
+            for i, name in enumerate(names, 1):
+                started = time.monotonic()
+                progress(f"building {name} ({i} of {len(names)}), {started - t0:.0f} s so far")
+                # Plain flags (no -trimpath, the environment's CGO setting): Go's build cache
+                # keys on them, so a plain `go build ./...` in judges/ warms what this reuses.
+                _go_run(go, "build", "-ldflags", _ldflags(), "-o", str(tmp / name), f"./cmd/{name}")
+                parts[name] = time.monotonic() - started
+        except JudgeBuildError:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise JudgeBuildError(f"go build ./cmd/... in {JUDGES} failed:\n{proc.stderr[-4000:]}")
+            raise
         seconds = time.monotonic() - t0
-        (tmp / "build.json").write_text(json.dumps({"key": key, "seconds": round(seconds, 1)}))
+        progress(
+            f"built {len(names)} in {seconds:.0f} s ("
+            + ", ".join(f"{part} {s:.0f} s" for part, s in parts.items())
+            + ")"
+        )
+        record = {
+            "key": key,
+            "seconds": round(seconds, 1),
+            "parts": {part: round(s, 1) for part, s in parts.items()},
+        }
+        (tmp / "build.json").write_text(json.dumps(record))
         # Older keys are stale by definition: drop them so the folder does not grow.
         for old in BIN_ROOT.iterdir():
             if old.is_dir() and old.name not in (key, tmp.name):
@@ -128,8 +164,32 @@ def build() -> Built:
         return Built(out, key, seconds)
 
 
+def _gomodcache(go: str) -> str:
+    proc = subprocess.run([go, "env", "GOMODCACHE"], cwd=JUDGES, capture_output=True, text=True)
+    return proc.stdout.strip() or "Go's module cache"
+
+
+def main() -> int:
+    """`python -m fakes.judges.build`: .ci/setup builds the judges before the tests run, so
+    a fresh machine's module download and build are not inside a test's time limit. Each
+    progress line starts with "judges: " and is flushed at once (setup shows those lines)."""
+
+    def say(line: str) -> None:
+        print(f"judges: {line}", flush=True)
+
+    try:
+        built = build(say)
+    except JudgeBuildError as exc:
+        first, _, rest = str(exc).partition("\n")
+        say(f"FAILED: {first}")
+        if rest:
+            print(rest, file=sys.stderr, flush=True)
+        return 1
+    # Into setup's log only (no "judges: "): a build that was done already is no news.
+    done = "already, for this source state" if built.seconds == 0.0 else f"in {built.seconds:.0f} s"
+    print(f"judges built {done}: {built.dir}")
+    return 0
+
+
 if __name__ == "__main__":
-    # `python -m fakes.judges.build`: .ci/setup builds the judges before the tests run, so
-    # a fresh machine's module download and build are not inside a test's time limit.
-    built = build()
-    print(f"judges built: {built.dir} ({built.seconds:.0f} s; 0 = already built for this key)")
+    sys.exit(main())

@@ -3,6 +3,7 @@ history, extra environment and a NetworkPolicy for the metrics port."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
@@ -11,7 +12,7 @@ import yaml
 
 from dra_plugin import config
 
-from .rendering import Manifest, all_of, only, render, run_helm, template_args
+from .rendering import CHART, Manifest, all_of, only, render, run_helm, template_args
 from .test_config_contract import _env
 
 SCHEMA_VERSION = "1.35.0"
@@ -240,3 +241,26 @@ def test_network_policy_refuses_an_open_door(tmp_path: Any) -> None:
     for peer in ({}, {"ipBlock": {"cidr": "0.0.0.0/0"}}, {"podSelector": {"matchLabel": {}}}):
         bad = {"metrics": {"networkPolicy": {"enabled": True, "from": [peer]}}}
         _fails_with(bad, tmp_path)
+
+
+def test_an_old_env_name_in_extra_env_replaces_the_charts_variable(tmp_path: Any) -> None:
+    """Values written before a variable was renamed after its flag set the old name (which
+    the plugin still reads): that entry replaces the chart's variable of the new name, so
+    the user's value is the one read, and the chart knows every old name the plugin does."""
+    renamed = {old: o.env for o in config.command_options() for old in o.old_envs}
+    assert renamed, "no option has an old env name: drop the chart's table"
+    template = (CHART / "templates" / "daemonset.yaml").read_text()
+    table = re.search(r"\$renamed := dict ([^}]*)\}\}", template)
+    assert table, "the DaemonSet's table of old env names"
+    pairs = re.findall(r'"(\w+)" "(\w+)"', table.group(1))
+    assert dict(pairs) == renamed
+    extra = [{"name": "HEALTH_TAINT_EFFECT", "value": "NoExecute"}]
+    rendered = _render_with({"extraEnv": extra}, tmp_path)
+    env = _env(rendered)
+    assert "TAINT_EFFECT" not in env and env["HEALTH_TAINT_EFFECT"] == "NoExecute"
+    cfg = config.parse(["run"], env=env)
+    assert cfg.taint_effect == "NoExecute"
+    assert cfg.deprecated == (
+        "HEALTH_TAINT_EFFECT is the old name of TAINT_EFFECT (--taint-effect): it still "
+        "works, but set TAINT_EFFECT",
+    )

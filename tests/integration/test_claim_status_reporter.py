@@ -63,7 +63,7 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
                     lambda: not reporter._wake.is_set(), what="the writer to wake up"
                 )
                 assert srv.count("patch", "resourceclaims/status") == 0
-                assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
+                assert (await reporter.unprepare([ref(first)]))[ref(first).uid].error == ""
             assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 0
             assert not (await reporter.prepare([ref(first)]))[ref(first).uid].error
@@ -74,7 +74,7 @@ def test_status_is_written_once_per_prepared_claim(tmp_path: Path) -> None:
             assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 1
             # After an unprepare the claim is new again.
-            assert (await reporter.unprepare([ref(first)]))[ref(first).uid] == ""
+            assert (await reporter.unprepare([ref(first)]))[ref(first).uid].error == ""
             await reporter.prepare([ref(first)])
             assert await reporter.flush(10)
             assert srv.count("patch", "resourceclaims/status") == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -155,6 +156,46 @@ def test_sigterm_lets_inflight_prepare_finish(cluster: Cluster) -> None:
     assert answer.error == "" and answer.devices[0].device_name == IGPU
     assert daemon.proc.wait(20) == 0
     kubelet.close()
+
+
+def test_the_cdi_dir_holds_only_specs_and_records_while_serving_and_after_sigterm(
+    cluster: Cluster,
+) -> None:
+    """No spare or temp file of ours outlives the write it belongs to (#43 item 2): with
+    claims of both drivers prepared (device metadata on: its specs too), and after
+    SIGTERM, every entry in the CDI dir is a spec or the record beside it."""
+    daemon = cluster.start_daemon(env={"DEVICE_METADATA": "true"})
+    daemon.wait_ready()
+    kubelet = cluster.kubelet((1, 37))
+    plugins = {d: kubelet.wait_for(d) for d in (INTEL, NVIDIA)}
+    cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
+    gpu = cluster.wait_for("nvidia slices", lambda: cluster.published(NVIDIA))[0]
+    for driver, device in ((INTEL, IGPU), (NVIDIA, gpu)):
+        obj = cluster.api.add_claim(
+            allocated_claim(
+                f"c-{driver.split('.')[1]}",
+                [{"request": "gpu", "driver": driver, "pool": cluster.node, "device": device}],
+            )
+        )
+        ref = Claim("default", obj["metadata"]["uid"], obj["metadata"]["name"])
+        assert plugins[driver].prepare([ref]).claims[ref.uid].error == ""
+    spec = re.compile(r"k8s\.gpu\.(intel|nvidia)\.com-claim_[0-9a-f-]+\.(json|record)")
+    metadata = re.compile(r"gpu\.(intel|nvidia)\.com_metadata_[0-9a-f-]+_gpu\.json")
+
+    def strays() -> list[str]:
+        names = sorted(p.name for p in cluster.cdi.iterdir())
+        assert len([n for n in names if spec.fullmatch(n)]) == 4, names
+        return [n for n in names if not spec.fullmatch(n) and not metadata.fullmatch(n)]
+
+    # Each driver's pass thread runs its work in order: a call now comes after anything
+    # the prepares left for after their answers.
+    for plugin in plugins.values():
+        gone = Claim("default", "0e5b7c1e-0000-4000-8000-0000000000ff", "gone")
+        assert plugin.unprepare([gone]).claims[gone.uid].error == ""
+    assert strays() == []
+    kubelet.close()
+    assert daemon.terminate() == 0
+    assert strays() == []
 
 
 def test_two_instances_with_pod_uids_side_by_side(cluster: Cluster) -> None:

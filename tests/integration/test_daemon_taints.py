@@ -28,7 +28,7 @@ def _taints(cluster: Cluster, name: str) -> list[dict[str, Any]]:
 def test_no_execute_taint_set_and_removed_with_one_write_each(tmp_path: Path) -> None:
     c = Cluster(tmp_path, profile="empty", nvml_profile="datacenter")
     try:
-        daemon = c.start_daemon(env={"VENDORS": "nvidia", "HEALTH_TAINT_EFFECT": "NoExecute"})
+        daemon = c.start_daemon(env={"VENDORS": "nvidia", "TAINT_EFFECT": "NoExecute"})
         daemon.wait_ready([NVIDIA])
         c.wait_for("published", lambda: "gpu-3" in c.published(NVIDIA))
         writes = c.api.writes()

@@ -39,6 +39,7 @@ from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from dra_plugin.telemetry import metrics
@@ -132,7 +133,7 @@ class Kubelet:
         assert self.p is not None
         got = asyncio.run(self.p.unprepare([ref(self.claims[n]) for n in names]))
         for n in names:
-            assert got[self.claims[n]["metadata"]["uid"]] == "", got
+            assert got[self.claims[n]["metadata"]["uid"]] == UNPREPARED, got
             self.acked.pop(n, None)
 
     def allocate(self, name: str, device: int) -> None:

@@ -185,7 +185,7 @@ class Kubelet:
 
     def unprepare(self, *names: str) -> dict[str, str]:
         got = asyncio.run(self.plugin.unprepare([ref(self.claims[n]) for n in names]))
-        errors = {n: got[self.claims[n]["metadata"]["uid"]] for n in names}
+        errors = {n: got[self.claims[n]["metadata"]["uid"]].error for n in names}
         for n, err in errors.items():
             if not err:
                 self.acked.pop(n, None)

@@ -24,6 +24,7 @@ from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME, LOCK_NAME
 from dra_plugin.claims import devicemetadata as dm
 from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
@@ -105,7 +106,7 @@ class Node:
         got = asyncio.run(self.p.unprepare([ref(c) for c in claims]))
         for c in claims:
             u = c["metadata"]["uid"]
-            assert got[u] == "", got[u]
+            assert got[u] == UNPREPARED, got[u]
             self.acked.pop(u, None)
         self.check()
 

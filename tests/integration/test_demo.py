@@ -95,6 +95,20 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     published = [ln for ln in out.splitlines() if ln.strip().startswith("- gpu-")]
     assert len(published) == 2 and all("NVIDIA H200" in ln for ln in published), published
     assert "The two H200s have minors 0 and 3" in out and "so they are gpu-0 and gpu-3" in out
+    # Memory in words: binary units, and an iGPU's capacity 0 said to be the system's RAM.
+    [igpu] = [ln for ln in out.splitlines() if ln.strip().startswith("- 0000-00-02-0-")]
+    assert "memory=the system's RAM, shared (an integrated GPU: capacity 0)" in igpu, igpu
+    assert all("memory=140.4 GiB," in ln for ln in published), published
+    assert not re.search(r"memory=\d{4,}", out), out
+    # The NVIDIA card udev shows is explained; the CDI directory is named.
+    assert "NVIDIA GPUs\n     are served through NVML" in out
+    cdi = re.search(r"^   CDI specs go to (/\S+/cdi) \(--cdi-root", out, re.MULTILINE)
+    assert cdi, out
+    assert f"== CDI spec written: {cdi.group(1)}/k8s.gpu.intel.com-claim_" in out
+    # The kubelet starts first, as on a node: its startup wipe finds nothing, so the first
+    # publication is generation 1 on every run (not 1 or 2 as the timing falls).
+    generations = re.findall(r" generation=(\d+) ", out)
+    assert generations == ["1", "1"], generations
     # One shutdown line per driver.
     stopped = re.findall(r"stopped driver=(\S+)$", out, re.MULTILINE)
     assert sorted(stopped) == sorted([INTEL, NVIDIA]), stopped

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.nvidia import mpsdaemon
@@ -155,7 +157,7 @@ def test_claim_with_mps_config_gets_its_daemon_ready_and_everything_goes_at_unpr
             assert again[UID1].error == ""
             assert len(node.started) == 1
 
-            assert await prep.unprepare([ref(claim)]) == {UID1: ""}
+            assert await prep.unprepare([ref(claim)]) == {UID1: UNPREPARED}
             nothing_left(tmp_path, server, world)
             assert ask(home / "pipe", "get_server_list", world).returncode != 0
         await api.close()
@@ -167,8 +169,8 @@ def test_a_claim_that_starts_a_daemon_runs_its_pass_in_the_thread(
     tmp_path: Path, world: MpsWorld, server: FakeAPIServer
 ) -> None:
     """Waiting for a daemon on the event loop would stop the loop the wait needs (the
-    Deployment is made through it): such a pass never starts there (claims/onloop.py),
-    while a claim of the same driver that asks for no MPS runs on the loop."""
+    Deployment is made through it): no pass runs there, neither this one nor that of a
+    claim of the same driver that asks for no MPS (claims/claims.py)."""
     plain = server.add_claim(claim_obj(UID1, ["gpu-0"]))
     served = server.add_claim(claim_obj(UID2, ["gpu-1"], config=mps_config(threads=50)))
     loop_thread = threading.get_ident()
@@ -180,17 +182,21 @@ def test_a_claim_that_starts_a_daemon_runs_its_pass_in_the_thread(
 
     async def go() -> None:
         api = KubeAPI.from_url(server.url)
-        prep, _ = preparer(tmp_path, api, world.driver_root, on_step=step)
+        crashpoints.install(step)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
         await prep.startup()
         with MpsNode(server, NODE, world):
             assert (await prep.prepare([ref(plain)]))[UID1].error == ""
             assert (await prep.prepare([ref(served)]))[UID2].error == ""
             assert len(deployments(server)) == 1
-            assert await prep.unprepare([ref(plain), ref(served)]) == {UID1: "", UID2: ""}
+            assert await prep.unprepare([ref(plain), ref(served)]) == {
+                UID1: UNPREPARED,
+                UID2: UNPREPARED,
+            }
         await api.close()
 
     asyncio.run(go())
-    assert where == ["loop", "thread"]
+    assert where == ["thread", "thread"]
     nothing_left(tmp_path, server, world)
 
 
@@ -223,7 +229,7 @@ def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compu
             ]
             edits = device_edits(tmp_path, UID1)
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
-            assert await prep.unprepare([ref(claim)]) == {UID1: ""}
+            assert await prep.unprepare([ref(claim)]) == {UID1: UNPREPARED}
             nothing_left(tmp_path, server, world)
         await api.close()
 
@@ -353,10 +359,10 @@ def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
             assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
 
-            assert await prep.unprepare([ref(first)]) == {UID1: ""}
+            assert await prep.unprepare([ref(first)]) == {UID1: UNPREPARED}
             assert len(deployments(server)) == 1  # the second share still uses it
             assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
-            assert await prep.unprepare([ref(second)]) == {UID2: ""}
+            assert await prep.unprepare([ref(second)]) == {UID2: UNPREPARED}
             nothing_left(tmp_path, server, world)
         await api.close()
 
@@ -576,7 +582,7 @@ def test_nvidias_own_mps_manifest_prepares_without_edits(
                 "set_default_active_thread_percentage 50",
                 f"set_default_device_pinned_mem_limit {UUID0} 10240M",
             ]
-            assert await prep.unprepare([ref(claim)]) == {uid: ""}
+            assert await prep.unprepare([ref(claim)]) == {uid: UNPREPARED}
             nothing_left(tmp_path, server, world)
         await api.close()
 

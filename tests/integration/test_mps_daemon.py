@@ -51,7 +51,7 @@ def env(cluster: Cluster, world: MpsWorld) -> dict[str, str]:
         "NVIDIA_SHARES_MPS": "true",
         "POD_NAMESPACE": "dra-system",
         "NVIDIA_MPS_IMAGE": "dra-plugin:test",
-        "NVIDIA_MPS_READY_TIMEOUT_SECONDS": "20",
+        "NVIDIA_MPS_READY_TIMEOUT": "20",
     }
 
 

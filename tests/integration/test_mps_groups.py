@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device, is_dns_label
 from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.vendors.nvidia import mpsdaemon
@@ -84,7 +86,7 @@ def prepared(
             deps = deployments(server)
             spec = spec_of(tmp_path, uid)
             (tmp_path / "spec.json").write_text(json.dumps(spec))
-            assert await prep.unprepare([ref(claim)]) == {uid: ""}
+            assert await prep.unprepare([ref(claim)]) == {uid: UNPREPARED}
             assert deployments(server) == []
             assert world.mounted() == []
             assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
@@ -295,7 +297,7 @@ def test_a_claims_one_daemon_of_an_earlier_version_is_kept_then_removed(
             assert (await prep2.prepare([ref(claim)]))[UID].error == ""
             assert len(deployments(server)) == 1 and len(node.started) == 1
             assert [p.name for p in mps_dir.iterdir()] == [legacy.name]
-            assert await prep2.unprepare([ref(claim)]) == {UID: ""}
+            assert await prep2.unprepare([ref(claim)]) == {UID: UNPREPARED}
             assert deployments(server) == [] and world.mounted() == []
             assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
             assert list(mps_dir.iterdir()) == []
@@ -321,10 +323,14 @@ def test_a_group_that_cannot_be_recorded_takes_the_groups_recorded_before_it_alo
 
     async def go() -> str:
         api = KubeAPI.from_url(server.url)
-        prep, _ = preparer(tmp_path, api, world.driver_root, on_step=on_step)
+        prep, _ = preparer(tmp_path, api, world.driver_root)
         await prep.startup()
         with MpsNode(server, NODE, world):
-            error = (await prep.prepare([ref(claim)]))[UID].error
+            old = crashpoints.install(on_step)
+            try:
+                error = (await prep.prepare([ref(claim)]))[UID].error
+            finally:
+                crashpoints.install(old)
         await api.close()
         return error
 

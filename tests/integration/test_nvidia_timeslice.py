@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.devices import DeviceNode, make_device
 from dra_plugin.vendors.nvidia.model import NVIDIA
@@ -46,7 +47,7 @@ def prepare(node: SliceNode, obj: dict[str, Any]) -> str:
 
 
 def unprepare(node: SliceNode, obj: dict[str, Any]) -> str:
-    return asyncio.run(node.preparer.unprepare([ref(obj)]))[ref(obj).uid]
+    return asyncio.run(node.preparer.unprepare([ref(obj)]))[ref(obj).uid].error
 
 
 def record(tmp_path: Path) -> Checkpoint:
@@ -141,8 +142,8 @@ def test_an_admin_access_claim_sets_its_interval_and_never_the_compute_mode(
 def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """...and its pass runs on the event loop; a claim whose pass runs nvidia-smi runs it
-    in the pass thread (claims/onloop.py), both as lone prepares."""
+    """...and, as every pass, both lone prepares run in the pass thread, never on the
+    event loop (claims/claims.py)."""
     _, smi, api, make = node_for(tmp_path, monkeypatch)
     loop_thread = threading.get_ident()  # asyncio.run's loop runs in this thread
     where: list[str] = []
@@ -151,7 +152,8 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
         if name == "claim-started":
             where.append("loop" if threading.get_ident() == loop_thread else "thread")
 
-    node = make(on_step=step)
+    crashpoints.install(step)
+    node = make()
     rendered: list[str] = []
     edits = node.preparer._parts.claim_edits
 
@@ -169,7 +171,7 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     assert rendered == [ref(plain).uid]  # once: the step made nothing for it
     assert prepare(node, sliced) == ""
     assert rendered.count(ref(sliced).uid) == 1  # once, after the step recorded its entry
-    assert where == ["loop", "thread"]
+    assert where == ["thread", "thread"]
     assert unprepare(node, plain) == ""
     assert smi.calls() == [
         ["-i", GPU1, "-c", "DEFAULT"],

@@ -93,7 +93,7 @@ def test_the_book_moves_into_the_record_and_is_retired(
     again = MigNode(fake, root, api)
     asyncio.run(again.preparer.startup())
     assert again.maker.owned == {HELD: (ref.uid, again.maker.owned[HELD][1])}
-    assert asyncio.run(again.preparer.unprepare([ref]))[ref.uid] == ""
+    assert asyncio.run(again.preparer.unprepare([ref]))[ref.uid].error == ""
     assert live(root) == []
     assert recorded(root) == {}
 
@@ -114,7 +114,7 @@ def test_a_book_written_again_by_an_old_pod_is_migrated_at_the_next_start(
     assert recorded(root)[ref.uid] == entry
     assert live(root) == ["gi 0 2 2 4 4"]
     assert not (root / "state/mig-instances.json").exists()
-    assert asyncio.run(again.preparer.unprepare([ref]))[ref.uid] == ""
+    assert asyncio.run(again.preparer.unprepare([ref]))[ref.uid].error == ""
     assert live(root) == []
 
 
@@ -133,7 +133,7 @@ def test_a_damaged_old_book_leaves_its_instances_alone(
     # Published as static MIG devices, so nothing else is placed over them.
     for name in (HELD, ORPHAN):
         assert not node.devices[name].consumes and node.devices[name].uuid is not None
-    assert asyncio.run(node.preparer.unprepare([ref]))[ref.uid] == ""
+    assert asyncio.run(node.preparer.unprepare([ref]))[ref.uid].error == ""
     assert live(root) == BOTH  # an administrator's, as far as we can tell
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.claims.claims import ClaimRef
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
     FakeApi,
@@ -47,7 +48,7 @@ def test_old_checkpoint_loads_and_unprepares(tmp_path: Path, case: str) -> None:
         again = await p.prepare(refs)  # idempotent: answered from the checkpoint
         assert all(not r.error and r.devices for r in again.values()), again
         done = await p.unprepare(refs)
-        assert not any(done.values()), done
+        assert all(r == UNPREPARED for r in done.values()), done
 
     asyncio.run(go())
     assert check_consistent(root, driver) == {}

@@ -13,6 +13,7 @@ import pytest
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, FORMAT_KIND, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimRef
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
     Harness,
@@ -53,7 +54,7 @@ def test_old_checkpoint_is_migrated_then_unprepared_cleanly(
     assert asyncio.run(p.prepare([ref]))[first].error == ""
     # The first locked pass migrated it: a snapshot bound to its journal (it names the
     # old file's checksum as the one it replaced), then an unprepare's lines.
-    assert asyncio.run(p.unprepare([ref])) == {first: ""}
+    assert asyncio.run(p.unprepare([ref])) == {first: UNPREPARED}
     assert (root / "state" / JOURNAL_NAME).exists()
     migrated = json.loads((root / "state" / "checkpoint.json").read_bytes())
     assert migrated["payload"]["previous"] == json.loads(old)["checksum"]
@@ -63,7 +64,7 @@ def test_old_checkpoint_is_migrated_then_unprepared_cleanly(
     # A restarted plugin reads the migrated record, then unprepares the rest.
     p2 = harness.preparer(root=root, devices=devices, driver=driver, sharing=sharing, started=True)
     rest = [ClaimRef(recorded[u]["namespace"], u, recorded[u]["name"]) for u in recorded]
-    assert asyncio.run(p2.unprepare(rest)) == dict.fromkeys(recorded, "")
+    assert asyncio.run(p2.unprepare(rest)) == dict.fromkeys(recorded, UNPREPARED)
     assert check_consistent(root, driver) == {}
     assert sorted(p.name for p in (root / "cdi").iterdir()) == []
     assert p2.held == set()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
+from dra_plugin.claims.contract import UNPREPARED, ClaimFailed, Failure, UnprepareOutcome
 from dra_plugin.devices import Health, make_device
 from dra_plugin.kubelet import server
 from dra_plugin.kubelet.health import HealthTracker
@@ -48,9 +49,10 @@ class ScriptedHandler:
                 )
         return out
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]:
         self.calls.append(("unprepare", [c.uid for c in claims]))
-        return {c.uid: ("boom" if c.name == "bad" else "") for c in claims}
+        boom = ClaimFailed(Failure.UNKNOWN, "boom")
+        return {c.uid: (boom if c.name == "bad" else UNPREPARED) for c in claims}
 
 
 class Running:

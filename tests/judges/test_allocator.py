@@ -228,7 +228,7 @@ def test_admin_access_shares_a_device_already_held(cluster: Cluster) -> None:
 
 
 def test_a_tainted_device_is_left_alone_unless_tolerated(cluster: Cluster) -> None:
-    env = {"VENDORS": "nvidia", "HEALTH_TAINT_EFFECT": "NoSchedule"}
+    env = {"VENDORS": "nvidia", "TAINT_EFFECT": "NoSchedule"}
     daemon, plugin, api = up(cluster, NVIDIA, env)
     with cluster.nvml_events.open("a") as f:
         f.write("lost 1\n")

@@ -17,7 +17,7 @@ from dra_plugin.slices.build import desired_slices, validate_slice
 from dra_plugin.vendors.amd import cumask
 from dra_plugin.vendors.amd.cubook import BOOK, CuBook
 from dra_plugin.vendors.amd.vendor import AmdDriver, AmdVendor, cu_mask
-from dra_plugin.vendors.base import MakeError, Work
+from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.basicsettings import defaults
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.intel.vendor import IntelVendor
@@ -156,11 +156,8 @@ def test_odd_count_on_wgp_gpu_says_why_it_does_not_fit(tmp_path: Path) -> None:
 
 def test_no_mask_without_compute_units(tmp_path: Path) -> None:
     book = CuBook(tmp_path)
-    assert book.work(claim("a" * 8, ("navi", None)), [gpu()]) is Work.NONE  # make not called
     made = book.make(claim("a" * 8, ("navi", None)), [gpu()])
     assert made.vendor == {} and not (tmp_path / BOOK).exists()
-    # A share that booked units: the book, a file of ours (its pass may run on the loop).
-    assert book.work(claim("a" * 8, ("navi", 4)), [gpu()]) is Work.FILES
     # A device that publishes none (no KFD topology) gets none either.
     assert CuBook(tmp_path).make(claim("a" * 8, ("navi", 4)), [gpu(cus=None)]).vendor == {}
 

@@ -29,9 +29,10 @@ from dra_plugin.checkpoint.snapshot import (
 from dra_plugin.claims import context
 from dra_plugin.claims.allocation import ClaimError, Holdings, select
 from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, ConfigSource
 from fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
 from fakes.claim_harness import preparer as harness_preparer
@@ -172,9 +173,6 @@ class Recorder:
         self.edits.append(claim)
         return cdi.device_node_edits(devices)
 
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.FILES  # it makes nothing but entries: its lone passes run on the loop
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         self.made.append(claim)
         return Made(list(devices), {d.name: {"v": 1, "made-for": claim.uid} for d in devices})
@@ -247,7 +245,7 @@ def test_hooks_see_the_configs_and_the_record_keeps_the_vendor_entry(tmp_path: P
     (held,) = vendor2.reconciled
     assert held[uid(1)].from_record and held[uid(1)].devices[0].vendor == entry
     # Unprepare: the vendor releases the claim as recorded.
-    assert asyncio.run(p2.unprepare([ref(obj)]))[uid(1)] == ""
+    assert asyncio.run(p2.unprepare([ref(obj)]))[uid(1)].error == ""
     (released,) = vendor2.released
     assert released.uid == uid(1) and released.devices[0].vendor == entry
 
@@ -314,7 +312,7 @@ def test_records_written_before_vendor_entries_load(tmp_path: Path, lose_checkpo
         got = asyncio.run(p.prepare([ref(c) for c in claims]))
         assert all(r.error == "" for r in got.values()) and api.gets == 0
     done = asyncio.run(p.unprepare([ref(c) for c in claims]))
-    assert done == {uid(i): "" for i in (1, 2, 3)}
+    assert done == {uid(i): UNPREPARED for i in (1, 2, 3)}
     assert not list((tmp_path / "cdi").iterdir())
 
 
@@ -344,11 +342,11 @@ def test_a_release_that_fails_is_the_claims_error_and_is_retried(tmp_path: Path)
     assert held is not None
     with pytest.raises(MakeError, match="busy"):
         p._made.release(None, held.claims[uid(1)])
-    got = asyncio.run(p.unprepare([ref(obj)]))[uid(1)]
+    got = asyncio.run(p.unprepare([ref(obj)]))[uid(1)].error
     assert got == f"{ref(obj)}: {D0}: cannot destroy it: busy"
     state = Checkpoint(tmp_path / "state", DRIVER).read()
     assert state is not None and state.claims[uid(1)].state == UNPREPARING
     vendor.stuck = False  # the kubelet retries; now it goes
-    assert asyncio.run(p.unprepare([ref(obj)]))[uid(1)] == ""
+    assert asyncio.run(p.unprepare([ref(obj)]))[uid(1)].error == ""
     state = Checkpoint(tmp_path / "state", DRIVER).read()
     assert state is not None and uid(1) not in state.claims

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
 from dra_plugin._proto import dra_v1_pb2
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
@@ -21,7 +22,7 @@ from dra_plugin.checkpoint.snapshot import STARTED
 from dra_plugin.claims.claims import ClaimFailed, ClaimPreparer, Failure, Prepared
 from dra_plugin.devices import Device, DeviceNode
 from dra_plugin.kubelet.server import _DRAServicer
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext
 from fakes.claim_harness import DRIVER, NODE, FakeApi, claim, intel_device, ref, result, uid
 
@@ -48,9 +49,6 @@ class Maker:
             raise self.edits_error
         return cdi.device_node_edits(devices)
 
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.WAITS  # it stands for a GPU: its passes run in the thread
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         self.steps.append("make")
         if self.fail:
@@ -68,6 +66,7 @@ class Maker:
 def preparer(root: Path, api: FakeApi, vendor: Maker) -> ClaimPreparer:
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
+    crashpoints.install(vendor.steps.append)  # the pass's crash points, in order
     return ClaimPreparer(
         driver=DRIVER,
         node_name=NODE,
@@ -78,7 +77,6 @@ def preparer(root: Path, api: FakeApi, vendor: Maker) -> ClaimPreparer:
         devices=lambda: {d.name: d for d in DEVICES},
         boot_id=lambda: "boot-1",
         on_demand=vendor,
-        on_step=vendor.steps.append,
     )
 
 
@@ -209,7 +207,7 @@ def test_a_prepare_cut_off_after_its_files_is_kept_and_rendered_again(tmp_path: 
         if step == "spec-written":
             raise RuntimeError("killed")
 
-    p._on_step = cut  # the process dies between the files and the `completed` entry
+    crashpoints.install(cut)  # the process dies between the files and the `completed` entry
     assert "internal error" in asyncio.run(p.prepare([ref(obj)]))[uid(1)].error
     state = Checkpoint(tmp_path / "state", DRIVER).read()
     assert state is not None and state.claims[uid(1)].state == STARTED

@@ -23,6 +23,7 @@ from dra_plugin.checkpoint.snapshot import (
     DeviceRecord,
     State,
 )
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import DRIVER, FakeApi, claim, intel_device, preparer, ref, result
 
@@ -182,7 +183,7 @@ def test_a_pass_reads_the_views_not_every_claim(tmp_path: Path) -> None:
     assert "is shared by 3 other claim(s) (first: claim default/claim-100" in (
         prep[ref(taken).uid].error
     )
-    assert unprep == {ref(exclusive).uid: "", ref(share).uid: ""}
+    assert unprep == {ref(exclusive).uid: UNPREPARED, ref(share).uid: UNPREPARED}
     assert not (tmp_path / "cdi" / half.spec_file).exists()  # settled
     state = Checkpoint(tmp_path / "state", DRIVER, boot_id=str).read()
     assert state is not None and half.uid not in state.claims

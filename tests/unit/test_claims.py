@@ -15,12 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint import specrecord
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import FILE_NAME, STARTED, UNPREPARING, ClaimRecord
 from dra_plugin.claims.claims import ClaimHandler, ClaimRef, PreparedDevice
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.kubeapi import UnavailableError
 from fakes.claim_harness import (
     DRIVER,
@@ -175,7 +177,8 @@ def test_idempotent_without_the_api_and_recreates_a_vanished_spec(
     assert again == first and api.gets == 1
     spec_path.unlink()
     steps: list[str] = []
-    again = run(harness.preparer(api, on_step=steps.append).prepare([ref(c)]))
+    crashpoints.install(steps.append)
+    again = run(harness.preparer(api).prepare([ref(c)]))
     assert again == first and steps == ["spec-rerendered"]
     assert spec_path.read_bytes() == content
 
@@ -206,14 +209,17 @@ def test_unprepare(root: Path, harness: Harness) -> None:
     p._on_held = held.append
     run(p.prepare([ref(c)]))
     api.claims.clear()  # unprepare never needs the API
-    assert run(p.unprepare([ref(c)])) == {uid(1): ""}
+    assert run(p.unprepare([ref(c)])) == {uid(1): UNPREPARED}
     assert list((root / "cdi").iterdir()) == []
     assert check_consistent(root) == {}
     assert held == [{D0}, set()]
     # Unknown UIDs succeed, a second unprepare too.
-    assert run(p.unprepare([ref(c), ClaimRef("x", uid(7), "y")])) == {uid(1): "", uid(7): ""}
+    assert run(p.unprepare([ref(c), ClaimRef("x", uid(7), "y")])) == {
+        uid(1): UNPREPARED,
+        uid(7): UNPREPARED,
+    }
     bad = run(p.unprepare([ClaimRef("x", "../../etc", "y")]))
-    assert "not a DNS label" in bad["../../etc"]
+    assert "not a DNS label" in bad["../../etc"].error
 
 
 def test_batch_of_50_with_one_bad_claim(root: Path, harness: Harness) -> None:
@@ -272,7 +278,7 @@ def test_corrupt_checkpoint_keeps_prepared_claims(root: Path, harness: Harness) 
     assert "already prepared" in run(p.prepare([ref(other)]))[uid(2)].error
     # The kubelet's next prepare restores the full record through the API.
     assert run(p.prepare([ref(c)])) == first
-    assert run(p.unprepare([ref(c)])) == {uid(1): ""}
+    assert run(p.unprepare([ref(c)])) == {uid(1): UNPREPARED}
     assert check_consistent(root) == {}
 
 

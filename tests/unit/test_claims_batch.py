@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.claims.claims import ClaimPreparer
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.host import files as durable
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
@@ -131,7 +132,7 @@ def test_concurrent_unprepares_and_prepares_keep_call_order(tmp_path: Path) -> N
         return list(await asyncio.gather(*calls))
 
     got = asyncio.run(mixed())
-    assert got[:3] == [{ref(c).uid: ""} for c in claims[:3]]
+    assert got[:3] == [{ref(c).uid: UNPREPARED} for c in claims[:3]]
     assert all(g[ref(c).uid].error == "" for g, c in zip(got[3:], claims[3:], strict=True))
     assert set(check_consistent(tmp_path, max_shares=N)) == {ref(c).uid for c in claims[3:]}
 
@@ -150,7 +151,7 @@ def test_concurrent_unprepares_sync_the_cdi_dir_once_per_pass(
 
     got = asyncio.run(all_of_them())
     passes = p._commit.passes - before
-    assert got == [{ref(c).uid: ""} for c in claims] and passes <= 2
+    assert got == [{ref(c).uid: UNPREPARED} for c in claims] and passes <= 2
     assert counter.dirs.count("cdi") == passes and counter.datasyncs == passes
     assert check_consistent(tmp_path, max_shares=N) == {}
 

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dra_plugin.checkpoint.snapshot import FILE_NAME, JOURNAL_NAME
 from dra_plugin.claims.claims import ClaimRef
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.host.files import PRIVATE_DIR_MODE, SHARED_DIR_MODE, make_dir
 from dra_plugin.kubelet import server
 from fakes import fsfaults
@@ -230,7 +231,7 @@ def test_a_deleted_checkpoint_is_rebuilt_from_the_spec_files(
         err == f"claim default/second (uid {uid(2)}): device {D0} is already prepared for {holder}"
     )
     # The kubelet still knows the first claim: it unprepares it, then the device is free.
-    assert asyncio.run(p.unprepare([ref(first)])) == {uid(1): ""}
+    assert asyncio.run(p.unprepare([ref(first)])) == {uid(1): UNPREPARED}
     assert asyncio.run(p.prepare([ref(second)]))[uid(2)].error == ""
 
 

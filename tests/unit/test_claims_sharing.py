@@ -14,6 +14,7 @@ import pytest
 from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, DeviceRecord
 from dra_plugin.claims.claims import PreparedDevice
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.sharing import Sharing
 from fakes.claim_harness import (
     DRIVER,
@@ -103,7 +104,7 @@ def test_random_unprepare_order_device_free_only_after_the_last_share(
         assert p.held == {D0}
         got = run(p.prepare([ref(exclusive)]))[uid(20)].error
         assert got.startswith(f"{who(20)}: device {D0} is shared by {8 - n} other claim(s)")
-        assert run(p.unprepare([ref(c)])) == {c["metadata"]["uid"]: ""}
+        assert run(p.unprepare([ref(c)])) == {c["metadata"]["uid"]: UNPREPARED}
         check_consistent(tmp_path, max_shares=8)
     assert p.held == set()
     assert run(p.prepare([ref(exclusive)]))[uid(20)].error == ""

@@ -8,6 +8,7 @@ from typing import Any
 
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice, PrepareResult
 from dra_plugin.claims.claimstatus import ClaimStatusReporter, device_data, status_entries
+from dra_plugin.claims.contract import UNPREPARED, UnprepareOutcome
 from fakes.claim_harness import NODE, intel_device, nvidia_device
 
 NOW = "2026-01-02T03:04:05Z"
@@ -68,8 +69,8 @@ class _Inner:
         dev = PreparedDevice(("gpu",), NODE, self.device, ("x",))
         return {c.uid: PrepareResult(devices=(dev,)) for c in claims}
 
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str]:
-        return {c.uid: "" for c in claims}
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, UnprepareOutcome]:
+        return dict.fromkeys((c.uid for c in claims), UNPREPARED)
 
 
 class _BuggyApi:

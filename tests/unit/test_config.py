@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dra_plugin.config import ConfigError, UsageError, all_options, parse
+from dra_plugin.config import Config, ConfigError, UsageError, all_options, parse
+from dra_plugin.vendors.nvidia.settings import NvidiaSettings
 
 
 def test_env_twins_and_flags_override() -> None:
@@ -118,6 +120,70 @@ def test_every_flag_has_env_twin() -> None:
     assert opts["--kubelet-registrar-directory-path"] == "KUBELET_REGISTRAR_DIRECTORY_PATH"
     assert opts["--kubelet-plugins-directory-path"] == "KUBELET_PLUGINS_DIRECTORY_PATH"
     assert all(env.isupper() for env in opts.values())
+
+
+def test_every_env_twin_is_its_flag_by_name() -> None:
+    """`--taint-effect` is TAINT_EFFECT: the name of one says the name of the other."""
+    differ = {f: e for f, e in all_options().items() if e != f[2:].upper().replace("-", "_")}
+    assert differ == {}
+
+
+def _nvidia(cfg: Config) -> NvidiaSettings:
+    settings = cfg.driver("nvidia").settings
+    assert isinstance(settings, NvidiaSettings)
+    return settings
+
+
+@pytest.mark.parametrize(
+    "old,new,value,read",
+    [
+        ("HEALTH_TAINT_EFFECT", "TAINT_EFFECT", "NoExecute", lambda c: c.taint_effect),
+        (
+            "NVIDIA_MPS_READY_TIMEOUT_SECONDS",
+            "NVIDIA_MPS_READY_TIMEOUT",
+            "45",
+            lambda c: str(int(_nvidia(c).mps_ready_timeout)),
+        ),
+        (
+            "NVIDIA_XID_IGNORE",
+            "XID_IGNORE",
+            "13",
+            lambda c: ",".join(map(str, _nvidia(c).xid_ignore)),
+        ),
+    ],
+)
+def test_an_old_env_name_still_works_and_is_deprecated(
+    old: str, new: str, value: str, read: Callable[[Config], str]
+) -> None:
+    """Before every env twin was named after its flag these three were not; charts and
+    manifests still set the old names."""
+    cfg = parse(["run"], {"NODE_NAME": "n", old: value})
+    assert read(cfg) == value
+    (flag,) = (f for f, e in all_options().items() if e == new)
+    assert cfg.deprecated == (
+        f"{old} is the old name of {new} ({flag}): it still works, but set {new}",
+    )
+    # An error names the setting as it was set.
+    assert cfg.setting(flag[2:].replace("-", "_")) == old
+    # Both set: the new name is read, and the old one is said to be ignored.
+    both = parse(["run"], {"NODE_NAME": "n", old: "junk", new: value})
+    assert read(both) == value
+    assert both.deprecated == (f"{old} is ignored: {new}, its new name, is set too",)
+    assert parse(["run"], {"NODE_NAME": "n", new: value}).deprecated == ()
+
+
+def test_the_cli_warns_of_an_old_env_name() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "dra_plugin", "discover", "--vendors", "intel"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HEALTH_TAINT_EFFECT": "None", "HOST_ROOT": "/nonexistent"},
+        timeout=60,
+    )
+    assert (
+        "WARNING dra_plugin.config: deprecated: HEALTH_TAINT_EFFECT is the old name of "
+        "TAINT_EFFECT (--taint-effect): it still works, but set TAINT_EFFECT"
+    ) in r.stderr
 
 
 def test_unknown_flag_before_the_command_is_named() -> None:

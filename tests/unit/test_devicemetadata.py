@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dra_plugin import crashpoints
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.cdi import rules as cdispec
 from dra_plugin.checkpoint import specrecord
@@ -27,6 +28,7 @@ from dra_plugin.checkpoint.snapshot import (
 from dra_plugin.claims import devicemetadata as dm
 from dra_plugin.claims import metadatastream
 from dra_plugin.claims.claims import ClaimRef, PreparedDevice
+from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import PCI_BUS_ID, make_device
 from fakes.claim_harness import (
     DRIVER,
@@ -227,13 +229,13 @@ def test_unprepare_removes_everything(tmp_path: Path, harness: Harness) -> None:
     api = FakeApi([c])
     p = harness.preparer(api, device_metadata=True)
     run(p.prepare([ref(c)]))
-    assert run(p.unprepare([ref(c)])) == {U: ""}
+    assert run(p.unprepare([ref(c)])) == {U: UNPREPARED}
     assert list((tmp_path / "cdi").iterdir()) == []
     assert list(meta_dir(tmp_path).iterdir()) == []
     # A UID we do not know: its stray metadata specs go (as the library's glob).
     stray = spec_file(tmp_path, "gpu", uid(9))
     stray.write_text("{}")
-    assert run(p.unprepare([ClaimRef("default", uid(9), "gone")])) == {uid(9): ""}
+    assert run(p.unprepare([ClaimRef("default", uid(9), "gone")])) == {uid(9): UNPREPARED}
     assert not stray.exists()
 
 
@@ -275,7 +277,8 @@ def test_vanished_metadata_is_rewritten_on_reprepare(tmp_path: Path, harness: Ha
     spec_file(tmp_path, "gpu").unlink()  # e.g. a CDI root on tmpfs after a reboot
     host_file(tmp_path, "default", "claim-1", "gpu").unlink()
     steps: list[str] = []
-    p = harness.preparer(device_metadata=True, on_step=steps.append)
+    crashpoints.install(steps.append)
+    p = harness.preparer(device_metadata=True)
     assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
     assert spec_file(tmp_path, "gpu").read_bytes() == content
     assert host_file(tmp_path, "default", "claim-1", "gpu").is_file()
@@ -304,7 +307,8 @@ def test_a_v1alpha1_only_file_is_rewritten_with_both_versions(
     ):
         host.write_bytes(old)
         steps: list[str] = []
-        p = harness.preparer(device_metadata=True, on_step=steps.append)
+        crashpoints.install(steps.append)
+        p = harness.preparer(device_metadata=True)
         assert run(p.prepare([ref(c)])) == first and steps == ["spec-rerendered"]
         assert host.read_bytes() == content
 
@@ -344,7 +348,7 @@ def test_crash_and_startup_gc(tmp_path: Path, harness: Harness) -> None:
     # Switched off later: recorded files stay until their claim is unprepared.
     p = harness.preparer(api, started=True)
     assert spec_file(tmp_path, "gpu").exists()
-    assert run(p.unprepare([ref(keep)])) == {uid(1): ""}
+    assert run(p.unprepare([ref(keep)])) == {uid(1): UNPREPARED}
     assert not spec_file(tmp_path, "gpu").exists()
 
 

@@ -1,82 +1,87 @@
-"""GroupCommit's `alone`: a job that finds nothing running, queued or on its way may be
-run at once in the caller's task; every other job still goes through the passes."""
+"""GroupCommit: calls queued while a pass runs share the next pass; each job is answered
+in place and only its failure comes back through group commit (no `Any` on the way)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pytest
 
 from dra_plugin.claims.groupcommit import GroupCommit
 
 
-class World:
-    def __init__(self, alone_says: object = "now") -> None:
-        self.batches: list[list[str]] = []
-        self.alone_asked: list[str] = []
-        self.alone_says = alone_says
-        self.gate: asyncio.Event | None = None  # a pass waits for it while set
+@dataclass
+class Job:
+    name: str
+    answer: str = ""
 
-    async def run(self, jobs: list[str]) -> Sequence[str | BaseException]:
-        self.batches.append(list(jobs))
+
+class World:
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.gate: asyncio.Event | None = None  # a pass waits for it while set
+        self.fail: dict[str, BaseException] = {}
+
+    async def run(self, jobs: list[Job]) -> Sequence[BaseException | None]:
+        self.batches.append([j.name for j in jobs])
         if self.gate is not None:
             await self.gate.wait()
-        return [f"ran {j}" for j in jobs]
-
-    def alone(self, job: str) -> str | BaseException | None:
-        self.alone_asked.append(job)
-        says = self.alone_says
-        if says is None or isinstance(says, BaseException):
-            return says
-        return f"{says} {job}"
+        for j in jobs:
+            j.answer = f"ran {j.name}"
+        return [self.fail.get(j.name) for j in jobs]
 
 
-def test_a_job_alone_runs_at_once_without_a_pass_task() -> None:
+def test_every_job_goes_through_a_pass_task_and_is_answered_in_place() -> None:
     w = World()
-    gc: GroupCommit[str, str] = GroupCommit(w.run, alone=w.alone)
+    gc: GroupCommit[Job] = GroupCommit(w.run)
 
     async def go() -> None:
-        assert await gc.submit("a") == "now a"
-        assert gc._worker is None  # no pass task was made
-        assert await gc.submit("b") == "now b"
+        a = Job("a")
+        await gc.submit(a)
+        assert a.answer == "ran a"
+        assert gc._worker is not None  # the pass ran in its own task, not the caller's
 
     asyncio.run(go())
-    assert w.batches == [] and gc.passes == 2
+    assert w.batches == [["a"]] and gc.passes == 1
 
 
-def test_a_job_alone_refuses_and_goes_through_a_pass() -> None:
-    w = World(alone_says=None)
-    gc: GroupCommit[str, str] = GroupCommit(w.run, alone=w.alone)
-    assert asyncio.run(gc.submit("a")) == "ran a"
-    assert w.alone_asked == ["a"] and w.batches == [["a"]]
-
-
-def test_an_exception_alone_returns_is_raised_to_its_caller() -> None:
-    w = World(alone_says=OSError(5, "EIO"))
-    gc: GroupCommit[str, str] = GroupCommit(w.run, alone=w.alone)
-    with pytest.raises(OSError, match="EIO"):
-        asyncio.run(gc.submit("a"))
-
-
-def test_jobs_that_find_a_pass_running_or_callers_arriving_are_never_run_alone() -> None:
+def test_a_jobs_failure_is_raised_to_its_caller_only() -> None:
     w = World()
-    gc: GroupCommit[str, str] = GroupCommit(w.run, alone=w.alone, gap=0.001)
+    w.fail["b"] = OSError(5, "EIO")
+    gc: GroupCommit[Job] = GroupCommit(w.run, gap=0.001)
 
     async def go() -> None:
-        w.alone_says = None  # the first goes through a pass, which then waits
         w.gate = asyncio.Event()
-        first = asyncio.create_task(gc.submit("a"))
+        first = asyncio.create_task(gc.submit(Job("a")))
         await asyncio.sleep(0.01)
-        w.alone_says = "now"
-        second = asyncio.create_task(gc.submit("b"))  # a pass is running
+        b, c = Job("b"), Job("c")
+        second = asyncio.create_task(gc.submit(b))
+        third = asyncio.create_task(gc.submit(c))
         await asyncio.sleep(0.01)
         w.gate.set()
-        assert await first == "ran a" and await second == "ran b"
-        with gc.arriving():  # another caller on its way
-            assert await gc.submit("c") == "ran c"
-        assert await gc.submit("d") == "now d"
+        await first
+        with pytest.raises(OSError, match="EIO"):
+            await second
+        await third
+        assert c.answer == "ran c"
 
     asyncio.run(go())
-    assert w.batches == [["a"], ["b"], ["c"]]
-    assert w.alone_asked == ["a", "d"]
+    assert w.batches == [["a"], ["b", "c"]]  # queued behind a running pass: one pass
+
+
+def test_a_pass_waits_for_callers_on_their_way() -> None:
+    w = World()
+    gc: GroupCommit[Job] = GroupCommit(w.run, gap=0.05)
+
+    async def go() -> None:
+        async def late(name: str) -> None:
+            with gc.arriving():
+                await asyncio.sleep(0.01)  # its GET
+                await gc.submit(Job(name))
+
+        await asyncio.gather(gc.submit(Job("a")), late("b"), late("c"))
+
+    asyncio.run(go())
+    assert w.batches == [["a", "b", "c"]]

@@ -283,36 +283,3 @@ def test_which_devices_want_which_daemon(
         return
     asked, shared = wanted(claim, devices, mps_for, Sharing())
     assert (set(asked), [d.device for d in shared]) == want
-
-
-def test_what_the_mps_step_says_it_will_do(tmp_path: Path) -> None:
-    """`work` decides whether `make` runs and where the pass runs (claims/onloop.py):
-    from the API, the claim's configs and share say it; from the record, its dir."""
-    from dra_plugin.vendors.base import Work
-    from dra_plugin.vendors.claimcontext import ClaimContext
-    from dra_plugin.vendors.nvidia.mps import MpsOptions, MpsStep
-    from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
-
-    uid = "11111111-0000-4000-8000-000000000001"
-    asks: list[bool] = [False]
-
-    def mps_for(*_: object) -> MpsSettings | None:
-        return MpsSettings() if asks[0] else None
-
-    def step(shares: Sharing | None) -> MpsStep:
-        opts = MpsOptions("gpu.nvidia.com", "img", 5.0, shares)
-        return MpsStep(opts, tmp_path / "state", tmp_path / "root", None, mps_for)
-
-    gpu = [_dev("gpu-0", "gpu", UUID)]
-    whole = ClaimContext(uid, "ns", "c", ("r",), (AllocatedDevice("gpu-0", "r"),))
-    shared = ClaimContext(uid, "ns", "c", ("r",), (AllocatedDevice("gpu-0", "r", share_id="s"),))
-    assert step(None).work(whole, gpu) is Work.NONE
-    assert step(Sharing()).work(shared, gpu) is Work.WAITS  # the GPU's daemon serves it
-    assert step(None).work(shared, gpu) is Work.NONE  # shares not served by MPS
-    asks[0] = True
-    assert step(None).work(whole, gpu) is Work.WAITS
-    asks[0] = False
-    (tmp_path / "state" / "mps" / f"claim-{uid}").mkdir(parents=True)
-    assert step(None).work(replace(whole, from_record=True), gpu) is Work.WAITS
-    assert step(None).work(whole, gpu) is Work.NONE  # its configs, from the API, say none
-    assert not any((tmp_path / "root").glob("*"))  # asking ran nothing

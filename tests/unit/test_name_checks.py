@@ -64,9 +64,9 @@ def test_every_name_check_refuses(bad: str) -> None:
     with pytest.raises(cdi.CdiError):
         cdi.spec_file_name("gpu.intel.com", bad)
     good = "00000001-0000-4000-8000-000000000001"
-    assert check_ref(ClaimRef("default", bad, "c"))  # uid
-    assert check_ref(ClaimRef(bad, good, "c"))  # namespace
-    assert check_ref(ClaimRef("default", good, bad))  # name
+    assert check_ref(ClaimRef("default", bad, "c")) is not None  # uid
+    assert check_ref(ClaimRef(bad, good, "c")) is not None  # namespace
+    assert check_ref(ClaimRef("default", good, bad)) is not None  # name
 
 
 @pytest.mark.parametrize("bad", ["gpu\n", "GPU", "g.pu", "gpu\u0430"])

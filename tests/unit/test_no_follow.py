@@ -91,7 +91,7 @@ def test_links_inside_the_metadata_dir_are_removed_and_repaired(
     assert run(q.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     assert (claim_dir / "gpu" / dm.FILE_NAME).is_file()
     assert not (claim_dir / "gpu" / dm.FILE_NAME).is_symlink()
-    assert run(q.unprepare([ref(c)]))[uid(1)] == ""  # type: ignore[index]
+    assert run(q.unprepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     assert not claim_dir.exists()
 
 
@@ -111,7 +111,7 @@ def test_a_link_named_like_our_spec_file_is_never_followed(
     # The kubelet's re-prepare writes a real spec in the link's place.
     assert run(q.prepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     assert spec.is_file() and not spec.is_symlink()
-    assert run(q.unprepare([ref(c)]))[uid(1)] == ""  # type: ignore[index]
+    assert run(q.unprepare([ref(c)]))[uid(1)].error == ""  # type: ignore[index]
     assert not spec.exists()
 
 

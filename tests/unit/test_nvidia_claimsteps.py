@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 
@@ -16,10 +16,6 @@ class Step:
     def __init__(self, key: str, calls: list[str], fail: bool = False) -> None:
         self.key, self.calls, self.fail = key, calls, fail
         self.saw: ClaimContext | None = None
-        self.does = Work.NONE
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return self.does
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         self.calls.append(f"make {self.key}")
@@ -64,17 +60,3 @@ def test_release_runs_in_reverse_and_reconcile_for_each() -> None:
     steps.release(claim())
     steps.reconcile({})
     assert calls == ["release b", "release a", "reconcile a", "reconcile b"]
-
-
-def test_work_is_the_most_any_step_does() -> None:
-    """What decides whether `make` runs and where the pass runs (claims/onloop.py)."""
-    calls: list[str] = []
-    a, b = Step("a", calls), Step("b", calls)
-    steps = ClaimSteps([a, b])
-    assert steps.work(claim(), []) is Work.NONE
-    b.does = Work.FILES
-    assert steps.work(claim(), []) is Work.FILES
-    a.does = Work.WAITS
-    assert steps.work(claim(), []) is Work.WAITS
-    assert ClaimSteps([]).work(claim(), []) is Work.NONE
-    assert calls == []  # asking changes nothing

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, Work
+from dra_plugin.vendors.base import Made
 from dra_plugin.vendors.claimcontext import (
     AllocatedDevice,
     ClaimContext,
@@ -79,9 +79,6 @@ class Writer:
 
     def __init__(self, key: str) -> None:
         self.key = key
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.FILES
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         claim.record({d.name: {self.key: "intent"} for d in devices})

@@ -205,7 +205,7 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
 - name: NVIDIA_MPS_IMAGE_PULL_SECRETS
   value: {{ join "," $mpsSecrets | quote }}
 {{- end }}
-- name: NVIDIA_MPS_READY_TIMEOUT_SECONDS
+- name: NVIDIA_MPS_READY_TIMEOUT
   value: {{ .Values.nvidia.mps.readyTimeoutSeconds | quote }}
 - name: NVIDIA_SHARES_MPS
   value: {{ .Values.nvidia.sharing.mps | default false | quote }}
@@ -237,7 +237,7 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
 - name: HOST_ROOT
   value: "/host"
 {{- end }}
-- name: HEALTH_TAINT_EFFECT
+- name: TAINT_EFFECT
   value: {{ .Values.health.taintEffect | quote }}
 - name: METRICS_PORT
   value: {{ .Values.metrics.port | quote }}

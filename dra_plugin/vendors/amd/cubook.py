@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dra_plugin import crashpoints
 from dra_plugin.devices import Device
 from dra_plugin.host import files
 from dra_plugin.vendors.amd import cumask
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, VendorEntry
 
 log = logging.getLogger(__name__)
@@ -37,13 +38,6 @@ BOOK_VERSION = 1
 ENTRY_VERSION = 1  # the "v" of the AMD vendor entry
 
 Book = dict[str, dict[str, list[list[int]]]]  # device -> claim uid -> [[first, last], ...]
-
-
-def _no_fault(step: str) -> None:
-    """In production nothing; crash tests replace `after_step` to kill the process."""
-
-
-after_step: Callable[[str], None] = _no_fault
 
 
 def _total(device: Device) -> int:
@@ -114,10 +108,6 @@ class CuBook:
             raise MakeError(f"cannot write the compute-unit book {self.path}: {exc}") from exc
 
     # --- OnDemand ----------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        # The book is one small file of ours, written without fsync.
-        return Work.FILES if masked(claim) else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         wanted = masked(claim)
         if not wanted:
@@ -152,7 +142,7 @@ class CuBook:
                 )
         if changed:
             self._write(book)
-            after_step("cu-booked")
+            crashpoints.reached("cu-booked")
         return Made(list(devices), entries)
 
     def _choose(
@@ -219,7 +209,7 @@ class CuBook:
         if changed:
             self._write(book)
             log.info("%s: compute units freed", claim)
-            after_step("cu-freed")
+            crashpoints.reached("cu-freed")
 
     def _read_for_release(self) -> Book | None:
         try:

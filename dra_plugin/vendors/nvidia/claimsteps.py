@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, MakeError, OnDemand, Work
+from dra_plugin.vendors.base import Made, MakeError, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
 ENTRY_VERSION = 1  # the "v" of the NVIDIA vendor entry
@@ -77,10 +77,6 @@ class ClaimSteps:
             for name, entry in made.vendor.items():
                 entries[name] = merged(entries.get(name) or _recorded(claim, name), entry)
         return Made(current, entries)
-
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        # A step after one that makes devices sees those: that one waits already.
-        return max((step.work(claim, devices) for step in self.steps), default=Work.NONE)
 
     def _release(self, steps: Sequence[OnDemand], claim: ClaimContext) -> None:
         # Undo what the earlier steps did for a make that failed later; a release that

@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from dra_plugin import crashpoints
 from dra_plugin.devices import Device
 from dra_plugin.host import files
 from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import (
     AllocatedDevice,
     ClaimContext,
@@ -74,10 +75,8 @@ class MpsStep:
         mounter: Mounter | None = None,
         shm_size: str | None = None,
         host_root: Path = Path("/"),
-        on_step: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options
-        self._on_step = on_step  # tests: kill -9 after each step
         self.root = state_dir / DIR_NAME
         self.driver_root = driver_root
         self.workloads = workloads
@@ -85,10 +84,6 @@ class MpsStep:
         self.smi = smi or NvidiaSmi(driver_root)
         self.mounter = mounter or Mounter()
         self.shm_size = shm_size or default_size(host_root / "proc" / "meminfo")
-
-    def _step(self, name: str) -> None:
-        if self._on_step is not None:
-            self._on_step(name)
 
     # --- the record --------------------------------------------------------------------
     def _dir(self, rec: DaemonRecord | str) -> Path:
@@ -128,25 +123,13 @@ class MpsStep:
         files.own_dir(self.root, files.PRIVATE_DIR_MODE)
         files.own_dir(self._dir(rec), files.SHARED_DIR_MODE)
         files.atomic_write(self._dir(rec) / RECORD, rec.encode(), 0o644)
-        self._step("mps-recorded")
+        crashpoints.reached("mps-recorded")
 
     def _paths(self, rec: DaemonRecord) -> tuple[Path, Path, Path]:
         d = self._dir(rec)
         return d / "pipe", d / "log", d / "shm"
 
     # --- OnDemand ----------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        """WAITS for a daemon to start or wait for: one the claim's configs or its share
-        ask for (`make` raises for a config it refuses), else `make` does nothing (`_plan`
-        is empty). A claim read from the API has its configs, which never change with its
-        allocation: a daemon of its own made before was asked for by them. One known
-        from the record alone has none: any daemon dir of its own is what it needs."""
-        if claim.from_record and mpsrecord.own_dirs(self.root, claim.uid):
-            return Work.WAITS
-        by_name = {d.name: d for d in devices}
-        asked, shared = mpslimits.wanted(claim, by_name, self.mps_for, self.options.shares)
-        return Work.WAITS if asked or shared else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         by_name = {d.name: d for d in devices}
         plans = self._plan(claim, by_name)
@@ -267,12 +250,12 @@ class MpsStep:
         try:
             for d in (pipe, logdir, shm):
                 files.own_dir(d, files.SHARED_DIR_MODE)
-            self._step("mps-dirs")
+            crashpoints.reached("mps-dirs")
             self.mounter.mount_tmpfs(shm, self.shm_size)
-            self._step("mps-mounted")
+            crashpoints.reached("mps-mounted")
             for gpu in rec.whole_gpus:
                 self.smi.set_compute_mode(gpu, EXCLUSIVE_PROCESS)
-            self._step("mps-exclusive")
+            crashpoints.reached("mps-exclusive")
             spec = DaemonSpec(
                 key=rec.key,
                 namespace=self.workloads.namespace,
@@ -295,7 +278,7 @@ class MpsStep:
                     rec.name,
                     ",".join(rec.gpus),
                 )
-            self._step("mps-created")
+            crashpoints.reached("mps-created")
         except (OSError, MountError, SmiError, WorkloadError) as exc:
             raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
         self._wait_ready(rec)
@@ -309,7 +292,7 @@ class MpsStep:
         )  # fmt: skip
         if why:
             raise MakeError(f"MPS control daemon {rec.name} not ready{why}")
-        self._step("mps-ready")
+        crashpoints.reached("mps-ready")
 
     def _undo(self, rec: DaemonRecord, uid: str, created: bool) -> None:
         """A make that failed: this claim no longer holds the daemon; one it made for
@@ -375,12 +358,12 @@ class MpsStep:
                 self.workloads.delete_deployment(rec.name)
             else:  # a record says a Deployment was made: it cannot be proven gone
                 raise MakeError("no API client (POD_NAMESPACE unset) to delete it with")
-            self._step("mps-deleted")
+            crashpoints.reached("mps-deleted")
             for gpu in rec.whole_gpus:
                 self.smi.set_compute_mode(gpu, DEFAULT)
-            self._step("mps-default")
+            crashpoints.reached("mps-default")
             self.mounter.unmount(self._paths(rec)[2])
-            self._step("mps-unmounted")
+            crashpoints.reached("mps-unmounted")
         except (MountError, SmiError, WorkloadError) as exc:
             raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
         self._remove_dirs(rec.dir)

@@ -29,8 +29,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from dra_plugin import crashpoints
 from dra_plugin.devices import Device
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, NotRecordable, VendorEntry
 from dra_plugin.vendors.nvidia import migbook
 from dra_plugin.vendors.nvidia.migentry import (
@@ -93,7 +94,6 @@ class MigMaker:
         # Still there after reading: a book of this boot, retired once migrated.
         self._book_found = (state_dir / migbook.BOOK).exists()
         self.owned: dict[str, Owned] = dict(self._book)  # device -> (claim, instance)
-        self.step: Callable[[str], None] = lambda name: None  # crash tests kill here
         self.changed: Callable[[], None] = lambda: None  # a rescan, so discovery follows
 
     def ours(self) -> dict[tuple[str, int, int], Instance]:
@@ -106,10 +106,6 @@ class MigMaker:
         return inst if inst is not None and inst.boot == self.boot_id else None
 
     # --- OnDemand ------------------------------------------------------------------------
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        # An instance made or found through NVML.
-        return Work.WAITS if any(target_of(d) for d in devices) else Work.NONE
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         if not any(target_of(d) for d in devices):
             return Made(list(devices))
@@ -163,21 +159,21 @@ class MigMaker:
                 inst = Instance(t, self.boot_id)
                 self._record(claim, d.name, inst)
                 self.owned[d.name] = (claim.uid, inst)
-                self.step("mig-intent")
+                crashpoints.reached("mig-intent")
             made.append((d.name, inst))  # undone if this call fails
             try:
                 gi_id = mi.make_gpu_instance(h, t.profile, t.start, t.size)
             except mi.InstanceError as exc:
                 raise MakeError(f"{d.name}: {gpu} refused {t}: {exc}") from None
             computes: tuple[int, ...] = ()
-            self.step("gi-created")
+            crashpoints.reached("gi-created")
         else:
             gi_id, computes = gi.id, gi.compute
         if computes:
             ci_id = computes[0]
         else:
             ci_id = mi.make_compute_instance(h, gi_id, t.slices)
-            self.step("ci-created")
+            crashpoints.reached("ci-created")
         uuid = mi.mig_uuid(h, gi_id, ci_id)
         if uuid is None:
             raise MakeError(f"{d.name}: {gpu} lists no MIG device for GPU instance {gi_id}")
@@ -250,9 +246,9 @@ class MigMaker:
         if h is not None:  # None: the GPU is gone, and its instances with it
             for g in mi.gpu_instances(h, [inst.target.profile]):
                 if g.start == inst.target.start and inst.gi in (None, g.id):
-                    mi.destroy(h, g.id, after_compute=lambda: self.step("ci-destroyed"))
+                    mi.destroy(h, g.id, after_compute=lambda: crashpoints.reached("ci-destroyed"))
                     log.info("destroyed MIG instance of %s", device)
-                    self.step("gi-destroyed")
+                    crashpoints.reached("gi-destroyed")
         self.owned.pop(device, None)
         self._book.pop(device, None)
 

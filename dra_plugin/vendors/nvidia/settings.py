@@ -100,10 +100,11 @@ OPTIONS = (
     ),
     Option(
         "--nvidia-mps-ready-timeout",
-        "NVIDIA_MPS_READY_TIMEOUT_SECONDS",
-        "how long a prepare waits for a claim's MPS control daemon to be ready",
+        "NVIDIA_MPS_READY_TIMEOUT",
+        "how long a prepare waits for a claim's MPS control daemon to be ready (seconds)",
         "30",
         commands=RUN_ONLY,
+        old_envs=("NVIDIA_MPS_READY_TIMEOUT_SECONDS",),
     ),
     Option(
         "--nvidia-shares-mps",
@@ -116,9 +117,10 @@ OPTIONS = (
     ),
     Option(
         "--xid-ignore",
-        "NVIDIA_XID_IGNORE",
+        "XID_IGNORE",
         "comma-separated XIDs that do not mark a GPU unhealthy",
         ",".join(str(x) for x in DEFAULT_XID_IGNORE),
+        old_envs=("NVIDIA_XID_IGNORE",),
     ),
 )
 

@@ -28,14 +28,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dra_plugin import crashpoints
 from dra_plugin.devices import Device
 from dra_plugin.host.files import FileIdentity, atomic_write, move_aside, read_regular
 from dra_plugin.telemetry import metrics
-from dra_plugin.vendors.base import Made, MakeError, Work
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 from dra_plugin.vendors.nvidia.claimconfigs import GPU, applied
 from dra_plugin.vendors.nvidia.configs import NvidiaConfigError
@@ -151,15 +152,9 @@ class TimeSlicer:
         driver_root: Path,
         state_dir: Path,
         boot_id: str,
-        step: Callable[[str], None] | None = None,
     ) -> None:
         self.smi = NvidiaSmi(driver_root)
         self.book = TimeSliceBook(state_dir / BOOK, boot_id, driver)
-        self.step = step  # tests: called at each point a crash may happen
-
-    def _step(self, name: str) -> None:
-        if self.step is not None:
-            self.step(name)
 
     # --- prepare ---------------------------------------------------------------------
     def _asked(self, claim: ClaimContext, devices: Sequence[Device]) -> list[tuple[str, str, int]]:
@@ -187,9 +182,6 @@ class TimeSlicer:
                 out.append((d.device, *got))
         return out
 
-    def work(self, claim: ClaimContext, devices: Sequence[Device]) -> Work:
-        return Work.WAITS if self._asked(claim, devices) else Work.NONE  # nvidia-smi runs
-
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         asked = self._asked(claim, devices)
         if not asked:
@@ -201,7 +193,7 @@ class TimeSlicer:
             if (claim.uid, interval) not in g.claims:
                 g.claims = [c for c in g.claims if c[0] != claim.uid] + [(claim.uid, interval)]
                 self.book.save()
-        self._step("timeslice-intent")
+        crashpoints.reached("timeslice-intent")
         for name, uuid, _ in asked:
             try:
                 self._apply(uuid, exclusive=name in whole)
@@ -236,7 +228,7 @@ class TimeSlicer:
                 if not (exc.not_supported and target == TimeSlice.DEFAULT):
                     raise
                 log.warning("GPU %s: time-slice left as it is: %s", uuid, exc)
-            self._step("timeslice-set")
+            crashpoints.reached("timeslice-set")
             g.applied = target
         if not g.claims:
             del self.book.gpus[uuid]
@@ -257,7 +249,7 @@ class TimeSlicer:
         if not touched:
             return
         self.book.save()
-        self._step("timeslice-dropped")
+        crashpoints.reached("timeslice-dropped")
         errors = []
         for uuid in touched:
             try:
