@@ -6,12 +6,13 @@ would run (fakes/mps_node.py), through the same script the daemon's Deployment r
 
 Like the real one it keeps its pid file (`nvidia-cuda-mps-control.pid`) and its control
 endpoint in CUDA_MPS_PIPE_DIRECTORY and logs to CUDA_MPS_LOG_DIRECTORY/control.log; it
-serves the GPUs in CUDA_VISIBLE_DEVICES. It refuses what the real one refuses: an active
-thread percentage outside 1..100, a pinned memory limit that is not `<n>M`/`<n>G`, names a
-GPU it does not serve, or exceeds that GPU's memory (FAKE_MPS_GPUS: JSON {uuid: bytes}),
-and any command it does not know. Every command it receives is appended as one JSON line
-to FAKE_MPS_RECORD (with the pipe dir, so tests tell daemons apart). A refused command
-answers `error: ...` and the client exits 1.
+serves the GPUs in CUDA_VISIBLE_DEVICES. It refuses an active thread percentage outside
+0..100 (NVIDIA's config validation's range, which the plugin's decoder takes too; what the
+real daemon does with 0 is not verified here: no GPU to ask), a pinned memory limit that
+is not `<n>M`/`<n>G`, names a GPU it does not serve, or exceeds that GPU's memory
+(FAKE_MPS_GPUS: JSON {uuid: bytes}), and any command it does not know. Every command it
+receives is appended as one JSON line to FAKE_MPS_RECORD (with the pipe dir, so tests
+tell daemons apart). A refused command answers `error: ...` and the client exits 1.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Daemon:
     def record(self, command: str, answer: str) -> None:
         path = os.environ.get("FAKE_MPS_RECORD")
         line = {"pipe": str(self.pipe), "command": command, "answer": answer}
+        line["root"] = os.environ.get("FAKE_CHROOT", "")  # the root it runs in (chroot)
         if path:
             with open(path, "a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -64,8 +66,8 @@ class Daemon:
         if op == "quit" and not args:
             return "", True
         if op == "set_default_active_thread_percentage" and len(args) == 1:
-            if not args[0].isdigit() or not 1 <= int(args[0]) <= 100:
-                return f"error: active thread percentage {args[0]} is not in 1..100", False
+            if not args[0].isdigit() or not 0 <= int(args[0]) <= 100:
+                return f"error: active thread percentage {args[0]} is not in 0..100", False
             self.threads = int(args[0])
             return str(self.threads), False
         if op == "get_default_active_thread_percentage" and not args:
@@ -124,9 +126,11 @@ class Daemon:
 
 
 def _dirs() -> tuple[Path, Path]:
+    # The defaults are under the root it runs in (FAKE_CHROOT: fakes/chroot.py's root).
+    root = os.environ.get("FAKE_CHROOT", "")
     return (
-        Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps"),
-        Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or "/var/log/nvidia-mps"),
+        Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or root + "/tmp/nvidia-mps"),
+        Path(os.environ.get("CUDA_MPS_LOG_DIRECTORY") or root + "/var/log/nvidia-mps"),
     )
 
 

@@ -44,10 +44,11 @@ GPUS = {
 }
 
 
-def gpu(minor: int) -> Device:
+def gpu(minor: int, name: str = "") -> Device:
+    """GPU `minor` (its UUID the minor's in GPUS), named gpu-<minor> or `name`."""
     uuid = list(GPUS)[minor]
     return make_device(
-        name=f"gpu-{minor}",
+        name=name or f"gpu-{minor}",
         vendor=NVIDIA,
         driver=DRIVER,
         attributes={"type": "gpu", "uuid": uuid},
@@ -75,7 +76,7 @@ def mig() -> Device:
 
 
 def mps_config(
-    threads: int | None = None, pinned: int | None = None, kind: str = "GpuConfig"
+    threads: int | None = None, pinned: int | str | None = None, kind: str = "GpuConfig"
 ) -> dict[str, Any]:
     """NVIDIA's GpuConfig (or MigDeviceConfig) asking for MPS, as a claim carries it
     (decoded by the NVIDIA driver's own configs decoder)."""
@@ -99,27 +100,48 @@ def claim_obj(
     config: dict[str, Any] | None = None,
     share_ids: Mapping[str, str] | None = None,
     consumed: Mapping[str, dict[str, str]] | None = None,
+    requests: Mapping[str, str] | None = None,
+    configs: list[tuple[list[str], dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
+    """An allocated claim: each device for request `gpu` (or its own name in `requests`),
+    `config` for every request or `configs` ((requests, parameters), in order)."""
     results = []
     for d in devices:
-        r: dict[str, Any] = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}
+        req = (requests or {}).get(d, "gpu")
+        r: dict[str, Any] = {"request": req, "driver": DRIVER, "pool": NODE, "device": d}
         if share_ids and d in share_ids:
             r["shareID"] = share_ids[d]
         if consumed and d in consumed:
             r["consumedCapacity"] = consumed[d]
         results.append(r)
     alloc: dict[str, Any] = {"devices": {"results": results}}
-    if config is not None:
+    written = [([], config)] if config is not None else []
+    written += configs or []
+    if written:
         alloc["devices"]["config"] = [
-            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": config}}
+            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": p}}
+            | ({"requests": reqs} if reqs else {})
+            for reqs, p in written
         ]
+    names = sorted({r["request"] for r in results})
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"namespace": "default", "name": name or f"claim-{uid[:8]}", "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu"}]}},
+        "spec": {"devices": {"requests": [{"name": n} for n in names]}},
         "status": {"allocation": alloc},
     }
+
+
+def two_group_claim(uid: str) -> dict[str, Any]:
+    """A claim with two MPS configs, one per request: 30 % on gpu-1 (request `small`),
+    70 % on gpu-0 (request `large`): two daemons, each with its own limit."""
+    return claim_obj(
+        uid,
+        ["gpu-1", "gpu-0"],
+        requests={"gpu-1": "small", "gpu-0": "large"},
+        configs=[(["small"], mps_config(threads=30)), (["large"], mps_config(threads=70))],
+    )
 
 
 def ref(obj: Mapping[str, Any]) -> ClaimRef:
@@ -141,16 +163,18 @@ def preparer(
     *,
     shares: Sharing | None = None,
     ready_timeout: float = 20.0,
+    devices: Mapping[str, Device] | None = None,
 ) -> tuple[ClaimPreparer, MpsStep]:
-    """A preparer for the two GPUs above and the MIG device, its MPS step on `api` (call
-    inside a loop)."""
+    """A preparer for the two GPUs above and the MIG device (or `devices`), its MPS step
+    on `api` (call inside a loop)."""
     (root / "state").mkdir(parents=True, exist_ok=True)
     (root / "cdi").mkdir(parents=True, exist_ok=True)
     workloads = LoopWorkloads(api, asyncio.get_running_loop(), NAMESPACE, NODE)
     options = MpsOptions(DRIVER, IMAGE, ready_timeout, shares)
     driver = nvidia_driver(driver_root)
     step = MpsStep(options, root / "state", driver_root, workloads, driver.mps_for, shm_size="64m")
-    devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
+    if devices is None:
+        devices = {d.name: d for d in (gpu(0), gpu(1), mig())}
     prep = ClaimPreparer(
         driver=DRIVER,
         node_name=NODE,

@@ -11,8 +11,10 @@ it succeeds; then the pod (with the Deployment's labels) is written Ready and th
 Deployment's status says one ready replica, which is what the plugin waits for. A
 container that exits first gets a terminated status with its exit code. A deleted
 Deployment's processes are stopped (the daemon through its pid file) and its pod removed.
-Nothing runs chrooted: the fake driver root has no shell, so the script takes the path
-that runs the daemon straight from the root's bin dirs.
+The fake driver root has no shell by default (GKE COS style), so the script takes the
+branch that runs the daemon straight from the root's bin dirs; `make_world(shell=True)`
+gives it one (and a dev/shm), so the script takes its chroot branch, run through the
+`chroot` stand-in (fakes/chroot.py).
 """
 
 from __future__ import annotations
@@ -82,9 +84,13 @@ def make_world(
     gpus: Mapping[str, int],
     nvml_library: Path | None = None,
     mig: Mapping[str, int] | None = None,
+    *,
+    shell: bool = False,
 ) -> MpsWorld:
     """A driver root under `root` with the stand-ins (and the NVML stand-in, if given);
-    `mig`: MIG devices (uuid -> memory) that MPS may serve and nvidia-smi refuses to set."""
+    `mig`: MIG devices (uuid -> memory) that MPS may serve and nvidia-smi refuses to set;
+    `shell`: the root has a `bin/sh` and a `dev/shm` (a distribution's root, the GPU
+    Operator's), not only the driver's files."""
     driver_root = root / "driver-root"
     smi = nvidia_smi.install(driver_root, list(gpus), mig_devices=tuple(mig or ()))
     _wrapper(driver_root / "usr/bin/nvidia-cuda-mps-control", "fakes.mps_control")
@@ -96,8 +102,15 @@ def make_world(
         lib = driver_root / "usr/lib64"
         lib.mkdir(parents=True, exist_ok=True)
         (lib / nvml_library.name).symlink_to(nvml_library)
+    if shell:
+        sh = driver_root / "bin" / "sh"
+        sh.parent.mkdir(parents=True, exist_ok=True)
+        sh.write_text('#!/bin/sh\nexec /bin/sh "$@"\n')
+        sh.chmod(0o755)
+        (driver_root / "dev" / "shm").mkdir(parents=True, exist_ok=True)
     bin_dir = root / "bin"
     mounts.install(bin_dir)
+    _wrapper(bin_dir / "chroot", "fakes.chroot")
     world = MpsWorld(root, driver_root, {**gpus, **(mig or {})}, smi)
     world.env = {
         "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",

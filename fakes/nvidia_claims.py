@@ -27,6 +27,19 @@ def manifest_spec(name: str) -> dict[str, Any]:
     raise AssertionError(f"no claim in {name}")
 
 
+def container_requests(name: str) -> dict[str, list[str]]:
+    """Container name -> the claim requests it is given, from the fixture's Pod (a claim
+    entry naming no request gives it every request of the claim)."""
+    docs = [d for d in yaml.safe_load_all((FIXTURES / name).read_text()) if d]
+    (pod,) = [d for d in docs if d.get("kind") == "Pod"]
+    every = [r["name"] for r in manifest_spec(name)["devices"]["requests"]]
+    out: dict[str, list[str]] = {}
+    for c in pod["spec"]["containers"]:
+        claims = (c.get("resources") or {}).get("claims") or []
+        out[c["name"]] = [r for e in claims for r in ([e["request"]] if "request" in e else every)]
+    return out
+
+
 def allocated(
     i: int,
     spec: dict[str, Any],

@@ -53,6 +53,9 @@ class ClaimEdits:
     extra_ids: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # more CDI ids
     spec_edits: Mapping[str, Any] = field(default_factory=dict)  # spec-wide containerEdits
     shared_nodes: tuple[DeviceNode, ...] = ()  # nodes every container of the claim gets once
+    # device name -> containerEdits of that device alone (env, mounts...), beside its nodes:
+    # what only the containers given that device get (NVIDIA's MPS client settings).
+    device_edits: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def device_node_edits(devices: Sequence[Device]) -> ClaimEdits:
@@ -164,9 +167,10 @@ def render_claim_spec(
         if not nodes:
             raise CdiError(f"device {dev.name}: no device nodes to inject")
         name = device_name(claim_uid, dev.name)
-        cdi_devices.append(
-            {"name": name, "containerEdits": {"deviceNodes": [_node(n) for n in nodes]}}
-        )
+        own: dict[str, Any] = {"deviceNodes": [_node(n) for n in nodes]}
+        for key, value in edits.device_edits.get(dev.name, {}).items():
+            own[key] = [*own.get(key, ()), *value]
+        cdi_devices.append({"name": name, "containerEdits": own})
         ids[dev.name] = (
             qualified_id(driver, claim_uid, dev.name),
             *edits.extra_ids.get(dev.name, ()),

@@ -35,6 +35,7 @@ from fakes.mps_harness import (
     mps_config,
     preparer,
     ref,
+    two_group_claim,
 )
 from fakes.mps_node import MpsNode, MpsWorld, make_world
 
@@ -70,6 +71,13 @@ def spec_of(root: Path, uid: str) -> dict[str, Any]:
     return got
 
 
+def device_edits(root: Path, uid: str) -> dict[str, Any]:
+    """The containerEdits of the claim's one device (where MPS settings go)."""
+    (dev,) = spec_of(root, uid)["devices"]
+    got: dict[str, Any] = dev["containerEdits"]
+    return got
+
+
 def ask(pipe: Path, command: str, world: MpsWorld) -> subprocess.CompletedProcess[str]:
     """A client of the daemon, as a claim's container would reach it (the pipe dir)."""
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe), "PYTHONPATH": str(Path.cwd())}
@@ -77,6 +85,20 @@ def ask(pipe: Path, command: str, world: MpsWorld) -> subprocess.CompletedProces
         [str(world.driver_root / "usr/bin/nvidia-cuda-mps-control")],
         input=command + "\n", capture_output=True, text=True, env=env, check=False,
     )  # fmt: skip
+
+
+def home_of(root: Path, uid: str) -> Path:
+    """The dir of the claim's one daemon (one MPS group)."""
+    (home,) = (root / "state" / "mps").glob(f"claim-{uid}-*")
+    return home
+
+
+def homes(root: Path, uid: str) -> dict[tuple[str, ...], Path]:
+    """The claim's daemon dirs by the GPUs each daemon serves (its record's)."""
+    out = {}
+    for d in (root / "state" / "mps").glob(f"claim-{uid}-*"):
+        out[tuple(json.loads((d / "daemon.json").read_text())["gpus"])] = d
+    return out
 
 
 def nothing_left(root: Path, server: FakeAPIServer, world: MpsWorld) -> None:
@@ -116,10 +138,12 @@ def test_claim_with_mps_config_gets_its_daemon_ready_and_everything_goes_at_unpr
                 f"set_default_device_pinned_mem_limit {UUID0} 1024M",
             ]
             assert world.modes() == {UUID0: "EXCLUSIVE_PROCESS", UUID1: "DEFAULT"}
-            home = tmp_path / "state" / "mps" / f"claim-{UID1}"
+            home = home_of(tmp_path, UID1)
             assert world.mounted() == [str(home / "shm")]
-            # The claim's containers get the pipe dir, the shm and the variable naming it.
-            edits = spec_of(tmp_path, UID1)["containerEdits"]
+            # The claim's containers get the pipe dir, the shm and the variable naming it,
+            # through the MPS device's own edits.
+            (dev,) = spec_of(tmp_path, UID1)["devices"]
+            edits = dev["containerEdits"]
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
             mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
             assert mounts["/tmp/nvidia-mps"] == str(home / "pipe")
@@ -203,7 +227,7 @@ def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compu
                 "set_default_active_thread_percentage 30",
                 f"set_default_device_pinned_mem_limit {MIG_UUID} 2048M",
             ]
-            edits = spec_of(tmp_path, UID1)["containerEdits"]
+            edits = device_edits(tmp_path, UID1)
             assert "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps" in edits["env"]
             assert await prep.unprepare([ref(claim)]) == {UID1: UNPREPARED}
             nothing_left(tmp_path, server, world)
@@ -217,7 +241,8 @@ def test_mig_device_config_with_mps_gets_a_daemon_on_the_mig_device_and_no_compu
     ("config", "refused"),
     [
         (mps_config(pinned=64 * GIB), "above the memory"),  # the GPU has 40 GiB
-        (mps_config(threads=0), "not in 1..100"),
+        # Past int64: NVIDIA reads 16Ei as 2^63-1 bytes and sends that limit, in MiB.
+        (mps_config(pinned="16Ei"), "limit 8796093022207M is above the memory"),
     ],
 )
 def test_limit_the_daemon_refuses_fails_the_claim_and_leaves_nothing(
@@ -313,8 +338,8 @@ def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
             got = await prep.prepare([ref(first), ref(second)])
             assert {u: r.error for u, r in got.items()} == {UID1: "", UID2: ""}
             assert len(deployments(server)) == 1 and len(node.started) == 1
-            env1 = spec_of(tmp_path, UID1)["containerEdits"]["env"]
-            env2 = spec_of(tmp_path, UID2)["containerEdits"]["env"]
+            env1 = device_edits(tmp_path, UID1)["env"]
+            env2 = device_edits(tmp_path, UID2)["env"]
             # 2 of 8 shares with 8 GiB booked; 1 of 8 shares, memory 1/8 of 40 GiB.
             assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
@@ -322,7 +347,7 @@ def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=5120M" in env2
             pipe = tmp_path / "state" / "mps" / "device-gpu-0" / "pipe"
             assert f"CUDA_MPS_PIPE_DIRECTORY={mpsdaemon.CLIENT_PIPE_DIR}" in env1
-            mounts = spec_of(tmp_path, UID2)["containerEdits"]["mounts"]
+            mounts = device_edits(tmp_path, UID2)["mounts"]
             assert str(pipe) in [m["hostPath"] for m in mounts]
             assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
             # A lost spec is written again from the record (no API read, no consumed
@@ -330,7 +355,7 @@ def test_shares_of_one_gpu_are_served_by_one_daemon_each_with_its_own_limits(
             next((tmp_path / "cdi").glob(f"*claim_{UID1}.json")).unlink()
             again = await prep.prepare([ref(first)])
             assert again[UID1].error == ""
-            env1 = spec_of(tmp_path, UID1)["containerEdits"]["env"]
+            env1 = device_edits(tmp_path, UID1)["env"]
             assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25" in env1
             assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8192M" in env1
 
@@ -400,10 +425,15 @@ def held(tmp_path: Path) -> bool:
 
 
 def serving(tmp_path: Path, server: FakeAPIServer, world: MpsWorld) -> None:
-    home = tmp_path / "state" / "mps" / f"claim-{UID1}"
-    assert len(deployments(server)) == 1
-    assert world.modes()[UUID0] == "EXCLUSIVE_PROCESS"
-    assert world.mounted() == [str(home / "shm")]
+    """Both groups of two_group_claim served, each by its own daemon with its own limit."""
+    by_gpu = homes(tmp_path, UID1)
+    assert sorted(by_gpu) == [(UUID0,), (UUID1,)]
+    assert len(deployments(server)) == 2
+    assert world.modes() == dict.fromkeys(GPUS, "EXCLUSIVE_PROCESS")
+    assert world.mounted() == sorted(str(h / "shm") for h in by_gpu.values())
+    for gpu, threads in (((UUID0,), "70"), ((UUID1,), "30")):
+        got = ask(by_gpu[gpu] / "pipe", "get_default_active_thread_percentage", world)
+        assert got.stdout == threads + "\n"
 
 
 @pytest.mark.slow
@@ -411,7 +441,9 @@ def serving(tmp_path: Path, server: FakeAPIServer, world: MpsWorld) -> None:
 def test_kill_9_at_each_step_ends_served_or_gone(
     tmp_path: Path, world: MpsWorld, server: FakeAPIServer, kill: str
 ) -> None:
-    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    """A claim with two MPS groups (two daemons): a kill -9 anywhere in making either,
+    or in removing the first, ends with both served or nothing left."""
+    server.add_claim(two_group_claim(UID1))
     with MpsNode(server, NODE, world):
         if kill in UNPREPARE_STEPS:
             assert _run(tmp_path, server, world, "prepare") == {"error": ""}
@@ -436,8 +468,8 @@ def test_kill_9_then_start_up_alone_keeps_a_held_claims_daemon_or_removes_it(
     tmp_path: Path, world: MpsWorld, server: FakeAPIServer, kill: str
 ) -> None:
     """No retry from the kubelet: start-up alone ends with the daemon serving a held claim
-    or with nothing left."""
-    server.add_claim(claim_obj(UID1, ["gpu-0"], config=mps_config(threads=40)))
+    or with nothing left (a claim with two MPS groups)."""
+    server.add_claim(two_group_claim(UID1))
     with MpsNode(server, NODE, world):
         _run(tmp_path, server, world, "prepare", kill)
         _run(tmp_path, server, world, "startup")
@@ -491,7 +523,7 @@ def test_the_claims_record_names_its_daemon_before_anything_is_made(
     rec = state.claims[UID1]
     assert rec.state != "completed"
     (dev,) = rec.devices
-    assert dev.vendor is not None and dev.vendor["mps"]["dir"] == f"claim-{UID1}"
+    assert dev.vendor is not None and dev.vendor["mps"]["dir"] == home_of(tmp_path, UID1).name
     assert deployments(server) == {} and world.mounted() == []
     assert world.modes()[UUID0] == "DEFAULT"
 

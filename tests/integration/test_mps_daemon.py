@@ -58,7 +58,8 @@ def env(cluster: Cluster, world: MpsWorld) -> dict[str, str]:
 def spec_env(cluster: Cluster, uid: str) -> list[str]:
     (path,) = cluster.cdi.glob(f"*claim_{uid}.json")
     spec: dict[str, Any] = json.loads(path.read_text())
-    got: list[str] = spec["containerEdits"]["env"]
+    (dev,) = spec["devices"]  # MPS settings go to the device, not the whole claim
+    got: list[str] = dev["containerEdits"]["env"]
     return got
 
 

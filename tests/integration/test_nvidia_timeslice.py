@@ -98,7 +98,11 @@ def test_nvidias_time_slicing_manifests_set_the_gpu_and_reset_it(
     assert len(smi.calls()) == 2
     assert unprepare(node, obj) == ""
     assert smi.gpu(GPU1)["timeslice"] == 0
-    assert smi.timeslice_calls()[-1] == (GPU1, 0)
+    # NVIDIA's reset at unprepare: compute mode Default, then the Default time-slice.
+    assert smi.calls()[2:] == [
+        ["-i", GPU1, "-c", "DEFAULT"],
+        ["compute-policy", "-i", GPU1, "--set-timeslice", "0"],
+    ]
     assert json.loads((tmp_path / "state/timeslice.json").read_text())["gpus"] == {}
 
 

@@ -197,6 +197,14 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
       fieldPath: metadata.namespace
 - name: NVIDIA_MPS_IMAGE
   value: {{ include "dra-plugin.image" . | quote }}
+{{- $mpsSecrets := list }}
+{{- range (.Values.nvidia.mps.imagePullSecrets | default .Values.imagePullSecrets) }}
+{{- $mpsSecrets = append $mpsSecrets .name }}
+{{- end }}
+{{- if $mpsSecrets }}
+- name: NVIDIA_MPS_IMAGE_PULL_SECRETS
+  value: {{ join "," $mpsSecrets | quote }}
+{{- end }}
 - name: NVIDIA_MPS_READY_TIMEOUT
   value: {{ .Values.nvidia.mps.readyTimeoutSeconds | quote }}
 - name: NVIDIA_SHARES_MPS

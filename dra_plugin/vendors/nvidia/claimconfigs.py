@@ -9,7 +9,14 @@ VFIO-bound GPU), else the claim is refused; a config naming no request wins only
 kind matches, else the next is tried. Each config that wins for some device is checked
 (configs.check), and MPS's per-device limits are resolved against the UUIDs of the devices
 it won for, sorted (a key is one of those UUIDs or an index into them, as in NVIDIA's
-driver). At most one VFIO group per claim, as NVIDIA's driver allows.
+driver). The devices one config won for are one group (`Applied.group`): NVIDIA's driver
+applies each config to its group as a whole (one MPS control daemon per MPS group). At
+most one VFIO group per claim, as NVIDIA's driver allows.
+
+One difference, kept on purpose: a config naming a main request (`gpu`) applies to the
+results of its subrequests (`gpu/fast`), as the Kubernetes API documents for
+`DeviceAllocationConfiguration.requests`; NVIDIA's driver matches request names exactly,
+so there such a config applies to nothing and the device gets NVIDIA's default.
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ class Applied:
     config: NvidiaConfig
     sharing: Sharing | None = None
     vfio: VfioSettings | None = None
+    # The config's position among the candidates (NVIDIA's defaults first, then the
+    # claim's configs as ordered): the devices one config won for are one group.
+    group: int = 0
 
 
 def device_type(device: Device) -> str:
@@ -84,12 +94,14 @@ def applied(claim: ClaimContext, devices: Mapping[str, Device]) -> dict[str, App
             f"{len(vfio_groups)} VFIO device groups ({'; '.join(c.named() for c in vfio_groups)})"
             " apply to the claim's devices, but NVIDIA's driver allows at most one per claim"
         )
+    position = {id(c): i for i, c in enumerate(candidates)}
     out: dict[str, Applied] = {}
     for config, devs in groups.values():
+        group = position[id(config)]
         checked = check(config)
-        sharing = _sharing(checked, devs)
+        sharing = _sharing(checked, devs, group)
         for d in devs:
-            out[d.name] = Applied(d.name, device_type(d), config, sharing, config.vfio)
+            out[d.name] = Applied(d.name, device_type(d), config, sharing, config.vfio, group)
     return out
 
 
@@ -111,15 +123,15 @@ def _choose(candidates: Sequence[NvidiaConfig], dev: Device, request: str) -> Nv
     return DEFAULTS[KIND_OF[kind]]  # unreachable: the defaults match every kind
 
 
-def _sharing(checked: Checked, devs: Sequence[Device]) -> Sharing | None:
+def _sharing(checked: Checked, devs: Sequence[Device], group: int) -> Sharing | None:
     if checked.strategy is None:
         return None
     if checked.strategy is Strategy.TIME_SLICING:
         return Sharing(Strategy.TIME_SLICING, time_slice=checked.time_slice)
-    return Sharing(Strategy.MPS, mps=_resolve(checked, checked.mps or MpsConfig(), devs))
+    return Sharing(Strategy.MPS, mps=_resolve(checked, checked.mps or MpsConfig(), devs, group))
 
 
-def _resolve(checked: Checked, mps: MpsConfig, devs: Sequence[Device]) -> MpsSettings:
+def _resolve(checked: Checked, mps: MpsConfig, devs: Sequence[Device], group: int) -> MpsSettings:
     """NVIDIA's Normalize of the per-device limits: each key a UUID of the group's devices
     or an index into their sorted UUIDs; the default limit first, a device's own over it."""
     uuids = sorted({d.uuid or d.name for d in devs})
@@ -140,4 +152,5 @@ def _resolve(checked: Checked, mps: MpsConfig, devs: Sequence[Device]) -> MpsSet
         pinned_memory=mps.pinned_memory,
         per_device_pinned_memory=per_device,
         multi_user=bool(mps.multi_user),
+        group=group,
     )

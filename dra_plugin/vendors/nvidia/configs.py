@@ -8,6 +8,11 @@ fills them, and the checks of NVIDIA's `Validate` are applied to each config tha
 to a device (claimconfigs.py chooses which). A refusal names the config (its position,
 source, apiVersion and kind) and the field.
 
+Quantities are read as NVIDIA's driver reads them (Quantity.Value(): bytes, rounded up).
+One past 2^63-1 bytes with a binary suffix (`16Ei`) is capped there, as Kubernetes caps it
+when parsing; a decimal one (`1e30`, `20E`) is refused: Value() overflows on it (to 0,
+which NVIDIA then refuses as too low, or to a wrapped number it would use).
+
 Where NVIDIA's driver crashes or silently ignores something, the config is refused here
 instead: `timeSlicingConfig: {}` means the Default interval (NVIDIA dereferences the
 missing interval), and an `mpsConfig` beside strategy `TimeSlicing` is refused for MIG
@@ -35,6 +40,8 @@ from dra_plugin.vendors.nvidia.sharingconfig import (
 KINDS = frozenset({GPU_CONFIG, MIG_DEVICE_CONFIG, VFIO_DEVICE_CONFIG})
 UNDERSTOOD = frozenset((API_VERSION, k) for k in KINDS)  # Driver.opaque_configs
 MIB = 2**20
+INT64_MAX = 2**63 - 1
+_BINARY_SUFFIXES = ("Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 LEGACY_ONLY, PREFER_IOMMUFD = "LegacyOnly", "PreferIommuFD"
 BACKEND_POLICIES = (LEGACY_ONLY, PREFER_IOMMUFD)
 _INTERVALS = {t.name.title(): t for t in TimeSlice}  # "Default", "Short", "Medium", "Long"
@@ -160,7 +167,16 @@ class _Reader:
             amount = parse_quantity(str(value))
         except ValueError:
             raise self.fail(path, f"{value!r} is not a quantity (e.g. 10Gi, 512Mi)") from None
-        return int(amount.to_integral_value(rounding=ROUND_CEILING))
+        got = int(amount.to_integral_value(rounding=ROUND_CEILING))
+        if got <= INT64_MAX:
+            return got
+        if str(value).strip().endswith(_BINARY_SUFFIXES):
+            return INT64_MAX  # Kubernetes caps a binary-suffixed quantity (16Ei) there
+        raise self.fail(
+            path,
+            f"{value!r} is beyond {INT64_MAX} bytes, the most NVIDIA's driver reads "
+            "(Quantity.Value() overflows past it)",
+        )
 
 
 def _json_type(value: Any) -> str:

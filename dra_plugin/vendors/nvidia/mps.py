@@ -4,16 +4,21 @@ an MPS control daemon in a Deployment of its own (mpsdaemon.py), a tmpfs for its
 it gone after the unprepare.
 
 Two kinds of daemon:
-- one per claim, for a claim whose NVIDIA config asks for MPS (`mps_for`), with the
-  config's limits as the daemon's defaults (NVIDIA's driver does the same);
+- one per MPS config group of a claim: the devices one of its NVIDIA configs asking for
+  MPS won for (`mps_for`; claimconfigs.py groups them as NVIDIA's driver does), with that
+  config's limits as the daemon's defaults, so a claim with two MPS configs (30 % for one
+  request, 70 % for another) gets two daemons, each with its own limits, as NVIDIA's
+  driver starts them; only the group's devices get its pipe and shm (mpslimits.client_edits);
 - one per shared GPU (NVIDIA_SHARES_MPS), serving every claim holding a share of it,
   made by the first and removed after the last; each claim's consumed capacity becomes
   its own limits, handed to its processes through their environment (mpsdaemon.ClientLimits).
 
-Crash safety. Each daemon has a record, `<plugin dir>/mps/<claim-UID | device-NAME>/daemon.json`
-(GPUs, limits, the claims it serves), written before anything is made and removed last;
-the claim's own record names its daemon too (vendor entry `mps`, via ClaimContext.record)
-before anything is made. Every step is idempotent, so a kill -9 anywhere is settled by
+Crash safety. Each daemon has a record,
+`<plugin dir>/mps/<claim-UID-GROUP | device-NAME>/daemon.json` (GPUs, devices, limits, the
+claims it serves), written before anything is made and removed last: a claim's records,
+one per group, are all written before any of its daemons is made. The claim's own record
+names each device's daemon too (vendor entry `mps`, via ClaimContext.record) before
+anything is made. Every step is idempotent, so a kill -9 anywhere is settled by
 the same code again: the next prepare, the unprepare, or start-up (`reconcile`).
 """
 
@@ -31,18 +36,22 @@ from dra_plugin.host import files
 from dra_plugin.host.tmpfs import Mounter, MountError, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
-from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, NotRecordable
+from dra_plugin.vendors.claimcontext import (
+    AllocatedDevice,
+    ClaimContext,
+    NotRecordable,
+    VendorEntry,
+)
 from dra_plugin.vendors.nvidia import mpsdaemon, mpslimits, mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
 from dra_plugin.vendors.nvidia.mpslimits import (
     ENTRY_KEY,
     MpsFor,
     MpsOptions,
-    daemon_limits,
     no_mps,
     share_limits,
 )
-from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, our_dir
+from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, Plan, claim_dir, our_dir
 from dra_plugin.vendors.nvidia.nvidiasmi import DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SmiError
 from dra_plugin.vendors.workloads import WorkloadError, Workloads
 
@@ -123,59 +132,74 @@ class MpsStep:
     # --- OnDemand ----------------------------------------------------------------------
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         by_name = {d.name: d for d in devices}
-        plan = self._plan(claim, by_name)
-        if plan is None:
+        plans = self._plan(claim, by_name)
+        if not plans:
             return Made(list(devices))
-        rec, client, served, created = plan
-        pipe, _, shm = self._paths(rec)
-        entry = {
-            "daemon": rec.name,
-            "dir": rec.dir,
-            "pipe": str(pipe),
-            "shm": str(shm),
-            "client": {
-                "threads": client.active_thread_percentage,
-                "pinned": list(client.pinned_memory),
-            },
-        }
+        entries: dict[str, VendorEntry] = {}
+        for p in plans:
+            pipe, _, shm = self._paths(p.rec)
+            entry = mpslimits.vendor_entry(p.rec.name, p.rec.dir, pipe, shm, p.client)
+            entries.update({name: {ENTRY_KEY: entry} for name in p.served})
         try:
-            # The claim's own record says which daemon it needs before anything is made
-            # (the daemon's record, written by _plan, is what release and reconcile use).
+            # The claim's own record says which daemon each device needs before anything
+            # is made (the daemons' records, written by _plan, are what release and
+            # reconcile use).
             with contextlib.suppress(NotRecordable):
-                claim.record({name: {ENTRY_KEY: entry} for name in served})
-            self._ensure(rec, claim)
+                claim.record(entries)
+            for p in plans:
+                self._ensure(p.rec, claim)
         except (MakeError, OSError) as exc:
-            self._undo(rec, claim.uid, created)
+            for p in plans:
+                self._undo(p.rec, claim.uid, p.created)
             if isinstance(exc, MakeError):
                 raise
-            raise MakeError(f"MPS control daemon {rec.name}: cannot record it: {exc}") from exc
-        return Made(list(devices), {name: {ENTRY_KEY: entry} for name in served})
+            raise MakeError(
+                f"MPS control daemon {plans[0].rec.name}: cannot record it: {exc}"
+            ) from exc
+        return Made(list(devices), entries)
 
-    def _plan(
-        self, claim: ClaimContext, devices: Mapping[str, Device]
-    ) -> tuple[DaemonRecord, ClientLimits, list[str], bool] | None:
-        """The daemon the claim needs (recorded first), its own limits, the devices it
-        serves and whether the record is new; None: no MPS for this claim."""
-        mine = f"claim-{claim.uid}"
-        if (rec := self._read(mine)) is not None:  # made before: the record, not the configs
-            served = [d.device for d in claim.devices if d.device in devices]
-            return rec, ClientLimits(), served, False
+    def _plan(self, claim: ClaimContext, devices: Mapping[str, Device]) -> list[Plan]:
+        """The daemons the claim needs (all recorded before this returns), with its own
+        limits and the devices each serves; empty: no MPS for this claim."""
+        mine = [d.device for d in claim.devices if d.device in devices]
+        legacy = f"claim-{claim.uid}"  # one daemon per claim, made by an earlier version
+        if (rec := self._read(legacy)) is not None:
+            return [Plan(rec, ClientLimits(), rec.served(mine), False)]
+        if claim.from_record:  # no configs: the records are what it needs
+            recs = [
+                r
+                for n in mpsrecord.own_dirs(self.root, claim.uid)
+                if (r := self._read(n)) is not None
+            ]
+            if recs:
+                return [Plan(r, ClientLimits(), r.served(mine), False) for r in recs]
         asked, shared = mpslimits.wanted(claim, devices, self.mps_for, self.options.shares)
         if not asked and not shared:
-            return None
+            return []
         self._can_run()
         if shared:
-            return self._plan_shared(claim, shared, devices)
-        gpus = tuple(devices[n].uuid or n for n in sorted(asked))
-        limits = daemon_limits(asked, {n: devices[n].uuid or n for n in asked})
-        name = mpsdaemon.deployment_name(self._node(), self.options.driver, claim.uid)
-        rec = DaemonRecord(mine, claim.uid, name, gpus, limits, [claim.uid])
-        self._write(rec)  # the intent, before anything is made
-        return rec, ClientLimits(), sorted(asked), True
+            return [self._plan_shared(claim, shared, devices)]
+        plans: list[Plan] = []
+        for g in mpslimits.groups(asked, devices):
+            dirname = claim_dir(claim.uid, g.key)
+            if (rec := self._read(dirname)) is not None:  # made before: the record
+                plans.append(Plan(rec, ClientLimits(), rec.served(mine), False))
+                continue
+            key = f"{claim.uid}-{g.key}"
+            name = mpsdaemon.deployment_name(self._node(), self.options.driver, key)
+            rec = DaemonRecord(dirname, key, name, g.gpus, g.limits, [claim.uid], devices=g.devices)
+            try:
+                self._write(rec)  # the intent, before anything is made
+            except OSError as exc:  # this intent (if written) and those before it go
+                for p in [*plans, Plan(rec, ClientLimits(), [], True)]:
+                    self._undo(p.rec, claim.uid, p.created)
+                raise MakeError(f"MPS control daemon {name}: cannot record it: {exc}") from exc
+            plans.append(Plan(rec, ClientLimits(), list(g.devices), True))
+        return plans
 
     def _plan_shared(
         self, claim: ClaimContext, shared: list[AllocatedDevice], devices: Mapping[str, Device]
-    ) -> tuple[DaemonRecord, ClientLimits, list[str], bool]:
+    ) -> Plan:
         if len(shared) != 1:
             raise MakeError(
                 "a claim may hold a share of one GPU only while shares are enforced with MPS "
@@ -204,7 +228,7 @@ class MpsStep:
                 rec.holders.append(claim.uid)
             rec.clients[claim.uid] = own
             self._write(rec)  # the intent, before anything is made
-        return rec, client, [d.device], created
+        return Plan(rec, client, [d.device], created)
 
     def _node(self) -> str:
         return self.workloads.node_name if self.workloads is not None else ""
@@ -244,6 +268,8 @@ class MpsStep:
                 log_dir=str(logdir),
                 shm_dir=str(shm),
                 limits=rec.limits,
+                shm_mount=mpsready.shm_mount_path(self.driver_root),
+                pull_secrets=self.options.pull_secrets,
             )
             if self.workloads.create_deployment(mpsdaemon.deployment(spec)):
                 log.info(
@@ -322,18 +348,8 @@ class MpsStep:
         MPS was ever used here: a start-up must not wait on the API for nothing."""
         if self.workloads is None or files.kind(self.root) != "dir":
             return
-        try:
-            found = self.workloads.list_deployments(
-                mpsdaemon.node_selector(self._node(), self.options.driver)
-            )
-            for dep in found:
-                meta = dep.get("metadata")
-                name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
-                if name and name not in kept:
-                    log.warning("MPS control daemon %s has no record here; deleting it", name)
-                    self.workloads.delete_deployment(name)
-        except WorkloadError as exc:
-            log.error("cannot list or delete stale MPS control daemons: %s", exc)
+        selector = mpsdaemon.node_selector(self._node(), self.options.driver)
+        mpsready.collect_deployments(self.workloads, selector, kept)
 
     def _teardown(self, rec: DaemonRecord) -> None:
         """The daemon gone: Deployment, compute mode, tmpfs, dirs, and the record last."""

@@ -29,6 +29,12 @@ CONTAINER_ROOT = "/driver-root"  # the driver root inside the daemon's container
 PIPE_IN_ROOT = "tmp/nvidia-mps"  # the daemon's default pipe dir, under the root
 LOG_IN_ROOT = "var/log/nvidia-mps"
 SHM_IN_ROOT = "dev/shm"
+# Where the daemon's shm dir is mounted in its container: in the driver root when the root
+# has a /dev/shm (the daemon runs chrooted there), else at the container's own /dev/shm
+# (a root without a shell, GKE COS style: the daemon runs in the container), as NVIDIA's
+# driver decides it (mpsready.shm_mount_path).
+SHM_CHROOT = f"{CONTAINER_ROOT}/{SHM_IN_ROOT}"
+SHM_PLAIN = "/dev/shm"
 READY_MARKER = "startup-complete"
 CLIENT_PIPE_DIR = "/tmp/nvidia-mps"  # where the claim's containers see the pipe dir
 CLIENT_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
@@ -41,8 +47,10 @@ MIB = 2**20
 
 # The container's script. With a shell in the driver root it runs the daemon there
 # (chroot: the driver's own libraries, no glibc mismatch with this image), else straight
-# from the root's bin dirs. It stops at the first command that fails, so a refused limit
-# leaves the marker unwritten and the pod never Ready.
+# from the root's bin dirs with its library dirs (NVIDIA's four, then Debian's multiarch
+# one) in LD_LIBRARY_PATH, as NVIDIA's template does for a root without a shell. It
+# stops at the first command that fails, so a refused limit leaves the marker unwritten
+# and the pod never Ready.
 SCRIPT = """\
 set -eu
 root="$MPS_ROOT"
@@ -53,7 +61,8 @@ if [ -x "$root/bin/sh" ] || [ -x "$root/usr/bin/sh" ]; then
 else
   p=; for d in $(printf '%s' "$MPS_PATH" | tr ':' ' '); do p="$p$root$d:"; done
   export PATH="$p$PATH"
-  export LD_LIBRARY_PATH="$root/usr/lib64:$root/usr/lib/x86_64-linux-gnu:$root/lib64:$root/lib"
+  l="$root/lib64:$root/lib:$root/usr/lib64:$root/usr/lib"
+  export LD_LIBRARY_PATH="$l:$root/usr/lib/x86_64-linux-gnu"
   export CUDA_MPS_PIPE_DIRECTORY="$root/tmp/nvidia-mps"
   export CUDA_MPS_LOG_DIRECTORY="$log"
   run() { sh -c "$1"; }
@@ -113,7 +122,7 @@ def mebibytes(limit: int) -> str:
 class DaemonSpec:
     """Everything one daemon's Deployment is made of."""
 
-    key: str  # a claim UID (one daemon per claim) or a device name (one per shared GPU)
+    key: str  # <claim UID>-<group> (one daemon per MPS config group) or a device name (shared GPU)
     namespace: str
     node: str
     driver: str
@@ -124,6 +133,8 @@ class DaemonSpec:
     log_dir: str
     shm_dir: str
     limits: DaemonLimits = DaemonLimits()
+    shm_mount: str = SHM_CHROOT  # SHM_CHROOT or SHM_PLAIN (see there)
+    pull_secrets: tuple[str, ...] = ()  # imagePullSecrets of the daemon's pod
 
     @property
     def name(self) -> str:
@@ -161,7 +172,7 @@ def deployment(spec: DaemonSpec) -> dict[str, Any]:
         {"name": "driver-root", "mountPath": CONTAINER_ROOT},
         {"name": "mps-pipe", "mountPath": f"{CONTAINER_ROOT}/{PIPE_IN_ROOT}"},
         {"name": "mps-log", "mountPath": f"{CONTAINER_ROOT}/{LOG_IN_ROOT}"},
-        {"name": "mps-shm", "mountPath": f"{CONTAINER_ROOT}/{SHM_IN_ROOT}"},
+        {"name": "mps-shm", "mountPath": spec.shm_mount},
     ]
     volumes = [
         {"name": "driver-root", "hostPath": {"path": spec.driver_root, "type": "Directory"}},
@@ -169,6 +180,14 @@ def deployment(spec: DaemonSpec) -> dict[str, Any]:
         {"name": "mps-log", "hostPath": {"path": spec.log_dir, "type": "Directory"}},
         {"name": "mps-shm", "hostPath": {"path": spec.shm_dir, "type": "Directory"}},
     ]
+    pod: dict[str, Any] = {
+        "nodeName": spec.node,
+        "hostPID": True,
+        "automountServiceAccountToken": False,
+        "tolerations": [{"operator": "Exists"}],
+    }
+    if spec.pull_secrets:
+        pod["imagePullSecrets"] = [{"name": n} for n in spec.pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -186,10 +205,7 @@ def deployment(spec: DaemonSpec) -> dict[str, Any]:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "nodeName": spec.node,
-                    "hostPID": True,
-                    "automountServiceAccountToken": False,
-                    "tolerations": [{"operator": "Exists"}],
+                    **pod,
                     "containers": [
                         {
                             "name": "mps-control-daemon",
@@ -282,7 +298,8 @@ class ClientLimits:
 
 
 def client_edits(pipe_dir: str, shm_dir: str, limits: ClientLimits) -> dict[str, Any]:
-    """The spec-wide containerEdits of a claim served by the daemon with these dirs."""
+    """The containerEdits of one device served by the daemon with these dirs (NVIDIA's
+    driver adds the same to each device of the daemon's group, and to no other)."""
     return {
         "env": [f"CUDA_MPS_PIPE_DIRECTORY={CLIENT_PIPE_DIR}", *limits.env()],
         "mounts": [

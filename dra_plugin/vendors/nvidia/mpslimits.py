@@ -1,12 +1,13 @@
 """What a claim asks of MPS and what its limits are (pure): which of its devices want a
 daemon of their own or a shared GPU's, a daemon's defaults from the claim's MPS config, a
-share's own limits from the capacity it consumed, and the CDI edits its containers get
+share's own limits from the capacity it consumed, and the CDI edits its MPS devices get
 from the vendor entry the MPS step recorded."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dra_plugin.devices import Device
@@ -43,6 +44,7 @@ class MpsOptions:
     image: str  # "" : no daemons can be run (MPS refused, naming the setting)
     ready_timeout: float = 30.0
     shares: Sharing | None = None  # set: shared GPUs are served by one daemon each
+    pull_secrets: tuple[str, ...] = ()  # imagePullSecrets of the daemons' pods
 
 
 def volta_or_newer(dev: Device) -> bool:
@@ -104,16 +106,50 @@ def wanted(
     return asked, shared
 
 
-def daemon_limits(asked: Mapping[str, MpsSettings], uuids: Mapping[str, str]) -> DaemonLimits:
-    """One daemon's defaults from its claim's per-device settings (the config is one per
-    claim in NVIDIA's driver: the first device's thread percentage is the daemon's)."""
-    first = asked[sorted(asked)[0]]
-    pinned: dict[str, int] = {}
+@dataclass(frozen=True)
+class MpsGroup:
+    """The devices one of the claim's MPS configs won for: one control daemon, as NVIDIA's
+    driver starts one per config group. `gpus` are their UUIDs sorted (NVIDIA's order for
+    CUDA_VISIBLE_DEVICES and for the per-device limits), `devices` the device names in
+    that order, `key` names the group within its claim (a digest of the UUIDs)."""
+
+    key: str
+    devices: tuple[str, ...]
+    gpus: tuple[str, ...]
+    limits: DaemonLimits
+
+
+GROUP_KEY_SIZE = 10  # hex digits: two groups of one claim never hold the same GPUs
+
+
+def groups(asked: Mapping[str, MpsSettings], devices: Mapping[str, Device]) -> list[MpsGroup]:
+    """The claim's MPS groups (`asked`: wanted()'s device -> settings), each with its own
+    limits; ordered by key. MakeError if two groups' keys meet (never, short of a digest
+    collision)."""
+    by_group: dict[int, list[str]] = {}
     for name, s in asked.items():
-        limit = s.pinned_for(uuids[name])
+        by_group.setdefault(s.group, []).append(name)
+    out: dict[str, MpsGroup] = {}
+    for names in by_group.values():
+        ordered = sorted(names, key=lambda n: devices[n].uuid or n)
+        gpus = tuple(devices[n].uuid or n for n in ordered)
+        key = mpsdaemon.digest(",".join(gpus), size=GROUP_KEY_SIZE)
+        if key in out:
+            raise MakeError(f"MPS groups {out[key].devices} and {ordered} share a key")
+        limits = daemon_limits(asked[ordered[0]], gpus)
+        out[key] = MpsGroup(key, tuple(ordered), gpus, limits)
+    return [out[k] for k in sorted(out)]
+
+
+def daemon_limits(settings: MpsSettings, gpus: Sequence[str]) -> DaemonLimits:
+    """One group's daemon defaults: its config's thread percentage and multi-user, and the
+    pinned memory limit of each of its GPUs (the config's default, a device's own over it)."""
+    pinned: dict[str, int] = {}
+    for uuid in gpus:
+        limit = settings.pinned_for(uuid)
         if limit is not None:
-            pinned[uuids[name]] = limit
-    return DaemonLimits(first.active_thread_percentage, pinned, first.multi_user)
+            pinned[uuid] = limit
+    return DaemonLimits(settings.active_thread_percentage, pinned, settings.multi_user)
 
 
 def share_limits(d: AllocatedDevice, dev: Device, sharing: Sharing) -> ClientLimits:
@@ -139,17 +175,36 @@ def _whole(raw: str | None, default: int) -> int:
         return default
 
 
-def client_edits(entries: Sequence[VendorEntry | None]) -> dict[str, Any] | None:
-    """The claim's MPS edits from its devices' vendor entries (None: no MPS)."""
-    for entry in entries:
-        mps = (entry or {}).get(ENTRY_KEY)
+def vendor_entry(
+    daemon: str, dirname: str, pipe: Path, shm: Path, client: ClientLimits
+) -> dict[str, Any]:
+    """What the MPS step keeps in a served device's vendor entry (under ENTRY_KEY)."""
+    return {
+        "daemon": daemon,
+        "dir": dirname,
+        "pipe": str(pipe),
+        "shm": str(shm),
+        "client": {
+            "threads": client.active_thread_percentage,
+            "pinned": list(client.pinned_memory),
+        },
+    }
+
+
+def client_edits(devices: Sequence[AllocatedDevice]) -> dict[str, dict[str, Any]]:
+    """Each MPS device's edits, from the vendor entry the MPS step recorded for it (device
+    name -> containerEdits): its daemon's pipe and shm dirs and its limits. As in NVIDIA's
+    driver they go to the MPS devices only, never to the claim's other devices."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in devices:
+        mps = (d.vendor or {}).get(ENTRY_KEY)
         if isinstance(mps, Mapping) and isinstance(mps.get("pipe"), str):
             client = mps.get("client") or {}
             limits = ClientLimits(
                 client.get("threads"), tuple(int(m) for m in client.get("pinned") or ())
             )
-            return mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
-    return None
+            out[d.device] = mpsdaemon.client_edits(mps["pipe"], mps["shm"], limits)
+    return out
 
 
 def share_condition(vendor: VendorEntry | None) -> ShareCondition:

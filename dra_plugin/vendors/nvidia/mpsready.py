@@ -4,12 +4,17 @@ its pods read until mpsdaemon.readiness says ready, or failed, or the time is up
 
 from __future__ import annotations
 
+import logging
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from dra_plugin.vendors.nvidia import mpsdaemon
 from dra_plugin.vendors.nvidia.nvidiasmi import find_file
 from dra_plugin.vendors.workloads import WorkloadError, Workloads
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 
@@ -17,6 +22,16 @@ POLL_S = 0.5
 def find_binary(driver_root: Path, name: str) -> Path | None:
     """`name` where the daemon's script finds it first under `driver_root`, or None."""
     return find_file(driver_root, name, mpsdaemon.BIN_DIRS)
+
+
+def shm_mount_path(driver_root: Path) -> str:
+    """Where the daemon's container mounts its shm dir: in the driver root when the root
+    has a `dev/shm` (the daemon then runs chrooted into the root and uses that), else at
+    the container's /dev/shm (a root without a shell, GKE COS style, where the daemon runs
+    in the container). NVIDIA's driver decides it the same way, from the same stat."""
+    if os.path.exists(driver_root / mpsdaemon.SHM_IN_ROOT):
+        return mpsdaemon.SHM_CHROOT
+    return mpsdaemon.SHM_PLAIN
 
 
 def missing_binaries(driver_root: Path) -> str:
@@ -46,3 +61,17 @@ def wait_ready(workloads: Workloads, name: str, selector: str, timeout: float) -
         if time.monotonic() >= deadline:
             return f" after {timeout:g} s: {state.why}"
         time.sleep(POLL_S)  # sleep-ok: polling the API as NVIDIA's driver does
+
+
+def collect_deployments(workloads: Workloads, selector: str, kept: set[str]) -> None:
+    """Delete the Deployments `selector` finds (this node's daemons) not named in `kept`;
+    an API error is logged (start-up goes on; the next start-up tries again)."""
+    try:
+        for dep in workloads.list_deployments(selector):
+            meta = dep.get("metadata")
+            name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
+            if name and name not in kept:
+                log.warning("MPS control daemon %s has no record here; deleting it", name)
+                workloads.delete_deployment(name)
+    except WorkloadError as exc:
+        log.error("cannot list or delete stale MPS control daemons: %s", exc)

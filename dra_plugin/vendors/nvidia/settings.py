@@ -91,6 +91,14 @@ OPTIONS = (
         commands=RUN_ONLY,
     ),
     Option(
+        "--nvidia-mps-image-pull-secrets",
+        "NVIDIA_MPS_IMAGE_PULL_SECRETS",
+        "comma-separated names of Secrets in the plugin's namespace the MPS control daemon "
+        "pods pull their image with (imagePullSecrets; the chart passes the release's own)",
+        "",
+        commands=RUN_ONLY,
+    ),
+    Option(
         "--nvidia-mps-ready-timeout",
         "NVIDIA_MPS_READY_TIMEOUT",
         "how long a prepare waits for a claim's MPS control daemon to be ready (seconds)",
@@ -130,6 +138,7 @@ class NvidiaSettings:
     vfio: bool = False  # publish VFIO-bound GPUs (found through udev, not NVML)
     mig_partitions: bool = False  # MIG placements published, instances made on demand
     mps_image: str = ""
+    mps_pull_secrets: tuple[str, ...] = ()  # imagePullSecrets of the daemons' pods
     mps_ready_timeout: float = 30.0
     shares_mps: bool = False  # shared GPUs get one MPS daemon each, shares become limits
 
@@ -180,6 +189,7 @@ class NvidiaSettings:
             vfio=parse_vfio(NVIDIA, raw),
             mig_partitions=partitions,
             mps_image=raw["nvidia_mps_image"].strip(),
+            mps_pull_secrets=split(raw["nvidia_mps_image_pull_secrets"]),
             mps_ready_timeout=float(
                 number(
                     label(raw, "nvidia_mps_ready_timeout"),

@@ -43,6 +43,9 @@ class MpsSettings:
     pinned_memory: int | None = None  # bytes, for every device of the claim
     per_device_pinned_memory: Mapping[str, int] = field(default_factory=dict)
     multi_user: bool = False
+    # Which of the claim's configs it came from (claimconfigs.Applied.group): the devices
+    # one config won for share one MPS control daemon, as in NVIDIA's driver.
+    group: int = field(default=0, compare=False)
 
     def pinned_for(self, uuid: str) -> int | None:
         return self.per_device_pinned_memory.get(uuid, self.pinned_memory)

@@ -3,7 +3,8 @@ full GPU whose claim's GpuConfig asks for `TimeSlicing`, runs
 `nvidia-smi compute-policy -i <uuid> --set-timeslice <0..3>` at prepare (after
 `nvidia-smi -i <uuid> -c DEFAULT` when the claim holds the GPU whole, as NVIDIA's driver
 does, so no leftover exclusive mode keeps the claim's processes apart) and sets the GPU
-back to Default once no held claim asks for time-slicing on it.
+back to Default once no held claim asks for time-slicing on it (at the unprepare of a
+claim that held it whole, `-c DEFAULT` first again: NVIDIA's reset).
 
 Several claims may hold shares of one GPU. The GPU's interval is the one of the claim that
 asked last among those still held; when that claim goes, the interval of the one before it
@@ -219,11 +220,7 @@ class TimeSlicer:
             return
         if g.applied != target:
             if exclusive:
-                try:
-                    self.smi.set_compute_mode(uuid, "DEFAULT")
-                except SmiError as exc:
-                    if not exc.not_supported:
-                        raise
+                self._default_mode(uuid)
             try:
                 self.smi.set_timeslice(uuid, target)
                 log.info("GPU %s time-slice set to %s", uuid, TimeSlice(target).name.title())
@@ -238,9 +235,11 @@ class TimeSlicer:
         self.book.save()
 
     # --- unprepare -------------------------------------------------------------------
-    def _drop(self, claim_uid: str) -> None:
+    def _drop(self, claim_uid: str, whole: frozenset[str] = frozenset()) -> None:
         """Take the claim out of every GPU it asked for and set those GPUs to what is left;
-        MakeError when nvidia-smi fails (the GPU stays in the book: retried)."""
+        a GPU in `whole` (held whole by the claim) that no claim asks for any more gets
+        `nvidia-smi -c DEFAULT` first, NVIDIA's reset at unprepare. MakeError when
+        nvidia-smi fails (the GPU stays in the book: retried)."""
         touched = []
         for uuid, g in self.book.gpus.items():
             kept = [c for c in g.claims if c[0] != claim_uid]
@@ -254,15 +253,29 @@ class TimeSlicer:
         errors = []
         for uuid in touched:
             try:
+                if uuid in whole and not self.book.gpus[uuid].claims:
+                    self._default_mode(uuid)
                 self._apply(uuid)
             except SmiError as exc:
                 errors.append(str(exc))
         if errors:
             raise MakeError("; ".join(errors))
 
+    def _default_mode(self, uuid: str) -> None:
+        try:
+            self.smi.set_compute_mode(uuid, "DEFAULT")
+        except SmiError as exc:
+            if not exc.not_supported:
+                raise
+
     def release(self, claim: ClaimContext) -> None:
         self.book.refresh()
-        self._drop(claim.uid)
+        whole = frozenset(
+            got[0]
+            for d in claim.devices
+            if d.share_id is None and not d.admin_access and (got := recorded(d.vendor))
+        )
+        self._drop(claim.uid, whole)
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
         """Start-up: claims not held are dropped; held claims the book lost are taken back

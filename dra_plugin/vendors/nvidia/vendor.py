@@ -142,13 +142,13 @@ class NvidiaDriver(Driver):
             level = logging.WARNING if plan.strategy == "device-nodes" else logging.INFO
             log.log(level, "NVIDIA userspace strategy=%s reason=%s", plan.strategy, plan.reason)
         edits = cdi.claim_edits(devices, plan)
-        served = mpslimits.client_edits([d.vendor for d in claim.devices])
-        if served is None:
+        # MPS settings go to the MPS devices only (NVIDIA's driver adds them to each device
+        # of the daemon's group): a container given a time-sliced GPU of the same claim
+        # does not become an MPS client.
+        served = mpslimits.client_edits(claim.devices)
+        if not served:
             return edits
-        spec_edits = dict(edits.spec_edits)
-        spec_edits["env"] = [*spec_edits.get("env", ()), *served["env"]]
-        spec_edits["mounts"] = [*spec_edits.get("mounts", ()), *served["mounts"]]
-        return replace(edits, spec_edits=spec_edits)
+        return replace(edits, device_edits=served)
 
     def _check_configs(self, devices: Sequence[Device], claim: ClaimContext) -> None:
         """The claim's NVIDIA configs, refused before anything is prepared when one is
@@ -201,7 +201,7 @@ class NvidiaDriver(Driver):
         s = self.settings
         options = MpsOptions(
             s.driver_name, s.mps_image, s.mps_ready_timeout,
-            s.sharing if s.shares_mps else None,
+            s.sharing if s.shares_mps else None, s.mps_pull_secrets,
         )  # fmt: skip
         self.mps = MpsStep(
             options, state_dir, s.driver_root, workloads, self.mps_for, host_root=host_root
