@@ -77,7 +77,7 @@ def _configs(who: str, claim: Mapping[str, Any], driver: str) -> tuple[OpaqueCon
         if not isinstance(kind, str):
             raise malformed(who, f"{path}.opaque.parameters.kind", kind, "a string")
         by_source[source].append(
-            OpaqueConfig(i, source, tuple(requests), api_version, kind, dict(params))
+            OpaqueConfig(i, source, tuple(requests), api_version, kind, params)
         )
     return (*by_source[ConfigSource.FROM_CLASS], *by_source[ConfigSource.FROM_CLAIM])
 

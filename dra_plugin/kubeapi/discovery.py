@@ -11,6 +11,7 @@ names the versions tried: a claim that was never found must not be reported "not
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -60,7 +61,10 @@ def claim_to_v1(claim: Obj, version: str) -> Obj:
     """
     if not isinstance(claim, dict):
         return claim  # not a claim at all: the caller says so, for this claim alone
-    out: Obj = json.loads(json.dumps(claim))  # deep copy; claims are small
+    # A copy whatever it changes; deep where it changes nested parts (v1beta1). A deep
+    # copy keeps what the decoder marked (jsonvalue.RepeatedKeys); a JSON round trip
+    # would not.
+    out: Obj = copy.deepcopy(claim) if version == "v1beta1" else dict(claim)
     out["apiVersion"] = f"{RESOURCE_GROUP}/v1"
     if version == "v1beta1":
         exact_fields = (

@@ -386,3 +386,67 @@ def test_at_most_one_vfio_group_per_claim() -> None:
         run({"a": vfio_gpu(0), "b": vfio_gpu(1)}, [cfg])
     both = {**cfg, "requests": []}
     assert len(run({"a": vfio_gpu(0), "b": vfio_gpu(1)}, [both])) == 2
+
+
+# --- a key written twice: refused as NVIDIA's strict decoder refuses it -----------------
+
+
+def _claim_body(parameters: str) -> bytes:
+    """A ResourceClaim as the API server sends it, its one opaque config written as is."""
+    return (
+        '{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",'
+        ' "metadata": {"name": "c", "namespace": "default", "uid": "uid-1"},'
+        ' "spec": {"devices": {"requests": [{"name": "gpu"}]}},'
+        ' "status": {"allocation": {"devices": {"results": [], "config": [{"source":'
+        ' "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com",'
+        f' "parameters": {parameters}}}}}]}}}}}}}}'
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    "parameters,field",
+    [
+        (f'{{"apiVersion": "{API}", "kind": "GpuConfig", "kind": "GpuConfig"}}', "kind"),
+        (
+            f'{{"apiVersion": "{API}", "kind": "GpuConfig", "sharing": '
+            '{"strategy": "TimeSlicing", "strategy": "MPS"}}',
+            "sharing.strategy",
+        ),
+        (
+            f'{{"apiVersion": "{API}", "kind": "GpuConfig", "sharing": {{"strategy": "MPS", '
+            '"mpsConfig": {"defaultActiveThreadPercentage": 30, '
+            '"defaultActiveThreadPercentage": 70}}}',
+            "sharing.mpsConfig.defaultActiveThreadPercentage",
+        ),
+    ],
+)
+def test_a_key_written_twice_is_refused_through_the_api_clients_decoder(
+    parameters: str, field: str
+) -> None:
+    """The claim as the API client decodes it (kubeapi's decoder and v1 shape), its
+    configs as the claim pass reads them: the last of two equal keys is never used."""
+    from dra_plugin.kubeapi import claim_to_v1
+    from dra_plugin.kubeapi.transport import decode
+
+    claim = claim_to_v1(decode("get ResourceClaim default/c", _claim_body(parameters)), "v1")
+    (config,) = context._configs("claim default/c", claim, "gpu.nvidia.com")
+    devs = (AllocatedDevice("gpu-0", "gpu"),)
+    claim_ctx = ClaimContext("uid-1", "default", "c", ("gpu",), devs, (config,))
+    with pytest.raises(NvidiaConfigError, match=rf"{field}: duplicate field"):
+        applied(claim_ctx, {"gpu-0": gpu(0)})
+
+
+def test_a_config_that_repeats_nothing_decodes_as_before() -> None:
+    from dra_plugin.kubeapi import claim_to_v1
+    from dra_plugin.kubeapi.transport import decode
+
+    body = _claim_body(
+        f'{{"apiVersion": "{API}", "kind": "GpuConfig", "sharing": {{"strategy": "TimeSlicing"}}}}'
+    )
+    claim = claim_to_v1(decode("get", body), "v1")
+    (config,) = context._configs("claim default/c", claim, "gpu.nvidia.com")
+    claim_ctx = ClaimContext(
+        "uid-1", "default", "c", ("gpu",), (AllocatedDevice("gpu-0", "gpu"),), (config,)
+    )
+    got = applied(claim_ctx, {"gpu-0": gpu(0)})
+    assert got["gpu-0"].sharing is not None

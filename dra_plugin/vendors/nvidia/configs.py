@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING
 from typing import Any
 
+from dra_plugin.jsonvalue import RepeatedKeys
 from dra_plugin.quantity import parse_quantity
 from dra_plugin.vendors.claimcontext import OpaqueConfig
 from dra_plugin.vendors.nvidia.sharingconfig import (
@@ -134,6 +135,9 @@ class _Reader:
             return None
         if not isinstance(value, Mapping):
             raise self.fail(path, f"must be an object, not {_json_type(value)}")
+        if isinstance(value, RepeatedKeys):  # NVIDIA's strict decoder refuses it too
+            key = value.repeated[0]
+            raise self.fail(f"{path}.{key}" if path else key, "duplicate field: written twice")
         for key in value:
             if key not in fields:
                 raise self.fail(
