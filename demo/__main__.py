@@ -21,7 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.vendors.intel import ids as intel_ids
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from dra_plugin.quantity import canonical_quantity, parse_quantity
+from dra_plugin.apivalues.quantity import canonical_quantity, parse_quantity
 
 SHARES = "shares"
 MEMORY = "memory"

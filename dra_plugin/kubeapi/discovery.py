@@ -62,7 +62,7 @@ def claim_to_v1(claim: Obj, version: str) -> Obj:
     if not isinstance(claim, dict):
         return claim  # not a claim at all: the caller says so, for this claim alone
     # A copy whatever it changes; deep where it changes nested parts (v1beta1). A deep
-    # copy keeps what the decoder marked (jsonvalue.RepeatedKeys); a JSON round trip
+    # copy keeps what the decoder marked (apivalues.jsonobjects.RepeatedKeys); a JSON round trip
     # would not.
     out: Obj = copy.deepcopy(claim) if version == "v1beta1" else dict(claim)
     out["apiVersion"] = f"{RESOURCE_GROUP}/v1"

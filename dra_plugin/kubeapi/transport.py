@@ -40,7 +40,7 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from dra_plugin.jsonvalue import object_pairs
+from dra_plugin.apivalues.jsonobjects import object_pairs
 from dra_plugin.kubeapi import httpget
 from dra_plugin.kubeapi.errors import (
     TRANSPORT_ERRORS,
@@ -90,7 +90,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 def decode(what: str, data: bytes) -> Any:
     """A 2xx body as JSON (any JSON value: callers check the shape they read), or
     MalformedError saying why it cannot be used. An object that writes a key twice is a
-    jsonvalue.RepeatedKeys (a strict decoder of ours refuses it)."""
+    apivalues.jsonobjects.RepeatedKeys (a strict decoder of ours refuses it)."""
     if len(data) > MAX_BODY_BYTES:
         raise MalformedError(f"{what}: response of {len(data)} bytes is too large")
     try:

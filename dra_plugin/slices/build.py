@@ -17,9 +17,9 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from dra_plugin.apivalues.quantity import canonical_quantity, parse_quantity
 from dra_plugin.devices import CounterSet, Device, Health, Version, validate_device
 from dra_plugin.kubeapi import RESOURCE_GROUP
-from dra_plugin.quantity import canonical_quantity, parse_quantity
 from dra_plugin.sharing import Sharing, shared_capacity
 from dra_plugin.slices.rules import (
     HEALTH_ATTRIBUTE,

@@ -13,6 +13,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.devices import (
     InvalidDeviceError,
     is_dns_label,
@@ -20,7 +21,6 @@ from dra_plugin.devices import (
     is_semver,
     valid_driver_name,
 )
-from dra_plugin.quantity import parse_quantity
 
 Obj = dict[str, Any]
 

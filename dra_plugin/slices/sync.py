@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.sharing import normal_policy
 from dra_plugin.slices.rules import flat_device
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.devices import is_dns_label, is_dns_subdomain, is_semver, valid_driver_name
-from dra_plugin.quantity import parse_quantity
 from dra_plugin.slices import rules
 from fakes.apiserver import node_selection
 from fakes.apiserver.convert import flat_device

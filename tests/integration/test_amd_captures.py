@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 from fakes import amdcaptures
 from fakes.amdsim import KFD_DEVPATH
 from fakes.simnode import CARDS, REPO_ROOT, GiB, SimNode, unavailable_reason

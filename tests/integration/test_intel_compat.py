@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 from fakes.cluster import INTEL, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason

@@ -17,7 +17,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.vendors.nvidia.nvml import discover_nvidia
 from dra_plugin.vendors.nvidia.nvml.library import session

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.quantity import parse_quantity
 
 CAPACITY = "computeUnits"  # the capacity a share of an AMD GPU books
 ENV = "HSA_CU_MASK"

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING
 from typing import Any
 
-from dra_plugin.jsonvalue import RepeatedKeys
-from dra_plugin.quantity import parse_quantity
+from dra_plugin.apivalues.jsonobjects import RepeatedKeys
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.vendors.claimcontext import OpaqueConfig
 from dra_plugin.vendors.nvidia.sharingconfig import (
     API_VERSION,

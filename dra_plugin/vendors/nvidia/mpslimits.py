@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.devices import Device
-from dra_plugin.quantity import parse_quantity
 from dra_plugin.sharing import MEMORY, SHARES, Sharing
 from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.claimcontext import (

@@ -2,11 +2,11 @@
 
 Python's JSON decoder keeps the last of repeated keys without a word. Kubernetes keeps
 an opaque config's parameters as the raw JSON its author wrote (a RawExtension), so a
-repeated key reaches us as written, and NVIDIA's own decoder (strict, as Kubernetes
-decodes its types) refuses it. The API client decodes every object through
-`object_pairs` so that such an object is a `RepeatedKeys`, which names the keys; a
-strict decoder of ours can then refuse it as NVIDIA's does. Everything else is a plain
-dict: nothing changes for objects that repeat nothing."""
+repeated key reaches us as written, and a strict decoder (as Kubernetes decodes its own
+types, and as vendor drivers decode their configs) refuses it. The API client decodes
+every object through `object_pairs`, so that such an object is a `RepeatedKeys` naming
+the keys: a vendor's strict reader can then refuse it. Everything else is a plain dict:
+nothing changes for objects that repeat nothing."""
 
 from __future__ import annotations
 
