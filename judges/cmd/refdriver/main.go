@@ -288,43 +288,26 @@ func run(ctx context.Context, s settings) error {
 	if err != nil {
 		return fmt.Errorf("CDI cache: %w", err)
 	}
-	var helpers []*kubeletplugin.Helper
+	// One helper per driver, started side by side as separate drivers' pods would be:
+	// the library's slice controller waits for its informer in 1 s steps.
+	helpers := make([]*kubeletplugin.Helper, len(order))
+	errs := make([]error, len(order))
+	var wg sync.WaitGroup
+	for i, name := range order {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			helpers[i], errs[i] = startDriver(ctx, s, name, node.UID, client, cache, devices[name], allEdits[name])
+		}()
+	}
+	wg.Wait()
 	defer func() {
 		for _, h := range helpers {
-			h.Stop()
+			h.Stop() // nil-safe
 		}
 	}()
-	for _, name := range order {
-		state := filepath.Join(s.stateDir, name)
-		for _, dir := range []string{state, s.registrarDir, filepath.Join(s.pluginsDir, name)} {
-			if err := os.MkdirAll(dir, 0o750); err != nil {
-				return err
-			}
-		}
-		cp, err := checkpointmanager.NewCheckpointManager(state)
-		if err != nil {
-			return err
-		}
-		d := &driver{name: name, node: s.nodeName, edits: allEdits[name], cdi: cache, cp: cp}
-		h, err := kubeletplugin.Start(ctx, d,
-			kubeletplugin.DriverName(name),
-			kubeletplugin.NodeName(s.nodeName),
-			kubeletplugin.NodeUID(node.UID),
-			kubeletplugin.KubeClient(client),
-			kubeletplugin.RegistrarDirectoryPath(s.registrarDir),
-			kubeletplugin.PluginDataDirectoryPath(filepath.Join(s.pluginsDir, name)),
-			kubeletplugin.HealthService(false),
-			kubeletplugin.Serialize(s.serialize),
-		)
-		if err != nil {
-			return fmt.Errorf("start %s: %w", name, err)
-		}
-		helpers = append(helpers, h)
-		pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices[name]}}}
-		resources := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{s.nodeName: pool}}
-		if err := h.PublishResources(ctx, resources); err != nil {
-			return fmt.Errorf("publish %s: %w", name, err)
-		}
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	if s.readyFile != "" {
 		if err := os.WriteFile(s.readyFile, []byte("ready\n"), 0o644); err != nil {
@@ -333,6 +316,41 @@ func run(ctx context.Context, s settings) error {
 	}
 	<-ctx.Done()
 	return nil
+}
+
+func startDriver(ctx context.Context, s settings, name string, nodeUID types.UID, client kubernetes.Interface,
+	cache *cdiapi.Cache, devices []resourceapi.Device, e edits) (*kubeletplugin.Helper, error) {
+	state := filepath.Join(s.stateDir, name)
+	for _, dir := range []string{state, s.registrarDir, filepath.Join(s.pluginsDir, name)} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return nil, err
+		}
+	}
+	cp, err := checkpointmanager.NewCheckpointManager(state)
+	if err != nil {
+		return nil, err
+	}
+	d := &driver{name: name, node: s.nodeName, edits: e, cdi: cache, cp: cp}
+	h, err := kubeletplugin.Start(ctx, d,
+		kubeletplugin.DriverName(name),
+		kubeletplugin.NodeName(s.nodeName),
+		kubeletplugin.NodeUID(nodeUID),
+		kubeletplugin.KubeClient(client),
+		kubeletplugin.RegistrarDirectoryPath(s.registrarDir),
+		kubeletplugin.PluginDataDirectoryPath(filepath.Join(s.pluginsDir, name)),
+		kubeletplugin.HealthService(false),
+		kubeletplugin.Serialize(s.serialize),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices}}}
+	resources := resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{s.nodeName: pool}}
+	if err := h.PublishResources(ctx, resources); err != nil {
+		h.Stop()
+		return nil, fmt.Errorf("publish %s: %w", name, err)
+	}
+	return h, nil
 }
 
 func main() {
