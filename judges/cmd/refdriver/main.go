@@ -113,7 +113,8 @@ type driver struct {
 func (d *driver) kind() string { return "k8s." + d.name + "/claim" }
 
 func (d *driver) specName(uid types.UID) string {
-	return cdiapi.GenerateTransientSpecName("k8s."+d.name, "claim", string(uid))
+	// JSON, as dra-plugin writes its specs (the CDI library's default would be YAML).
+	return cdiapi.GenerateTransientSpecName("k8s."+d.name, "claim", string(uid)) + ".json"
 }
 
 func (d *driver) load() (*checkpoint, error) {
