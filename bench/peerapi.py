@@ -1,8 +1,8 @@
 """The API server both drivers of bench/peers.py talk to, and the bench's own calls to it.
 
-The real kube-apiserver judge (judges/cmd/apiserver, etcd embedded) where it is built,
-else the fake API server (fakes/apiserver); `ApiSide.kind` says which, and the report
-carries it. Both drivers get the same kubeconfig (the judge's admin token, or the
+The real kube-apiserver judge (judges/cmd/apiserver, etcd embedded), or the fake API
+server (fakes/apiserver) when asked; `ApiSide.kind` says which, and the report carries
+it. Both drivers get the same kubeconfig (the judge's admin token, or the
 fake's test token), so neither pays for an identity the other does not.
 
 The bench's own requests (claims, slice deletions, the slice watch) go over kept-alive
@@ -150,9 +150,12 @@ def connect(
 
 
 def judge_available() -> str | None:
-    """None when the kube-apiserver judge is built (or builds now), else why not."""
+    """None when the judges (the API server, the reference driver) are built or build
+    now, else why not."""
     try:
-        build.build().binary("apiserver")
+        built = build.build()
+        built.binary("apiserver")
+        built.binary("refdriver")
     except build.JudgeBuildError as exc:
         return str(exc).splitlines()[0]
     return None

@@ -2,7 +2,7 @@
 reference driver (judges/cmd/refdriver), side by side in one run.
 
 Both drivers run on the same machine, against the same API server (the real
-kube-apiserver judge where it is built, else the fake; `--fake-api` forces the fake),
+kube-apiserver judge, built with the reference driver; `--fake-api`: the fake),
 called through the same kubelet emulator, on simulated nodes with the same 8 GPUs
 (bench/peerside.py). Every measurement alternates the two, the first one rotating,
 so both see the same seconds of a shared machine. Each figure is reported for both with
@@ -163,7 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.peers: the simulated node cannot run here: {reason}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.ERROR)
-    use_judge = not args.fake_api and judge_available() is None
+    # The reference driver is built with the judges: without Go there is nothing to
+    # compare with. The API server judge comes from the same build; --fake-api skips it.
+    reason = judge_available()
+    if reason is not None:
+        print(f"bench.peers: the Go judges (refdriver) cannot be built: {reason}", file=sys.stderr)
+        return 2
+    use_judge = not args.fake_api
     cfg = QUICK if args.quick else FULL
     started = time.monotonic()
     results = run(cfg, use_judge=use_judge)
