@@ -16,7 +16,12 @@ Modules, by responsibility:
 - `startup`: process start to GetInfo and first ResourceSlice, import time, RSS, idle CPU;
 - `scale`: 1,000 devices through the publisher, restart with no change;
 - `fleet`: hundreds of nodes' publishers against one fake API server;
-- `report`: targets, the table, the JSON file.
+- `report`: targets, the table, the JSON file;
+- `peers` (`python -m bench.peers`, its own run and `bench/peers.json`): the same work
+  done by dra-plugin and by the Go reference driver (judges/cmd/refdriver), side by side:
+  `peerapi` (the API server both use, the bench's own requests, the slice watch),
+  `peerside` (the two driver processes, their nodes, discovery and CDI edits),
+  `peermeasure` (the prepare measurements), `peerreport` (rows, ratios, targets).
 """
 
 SCHEMA = 1

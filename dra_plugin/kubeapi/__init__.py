@@ -23,14 +23,19 @@ version, including versions newer or older than the client's models.
 
 from __future__ import annotations
 
-from dra_plugin.kubeapi.discovery import (
+from dra_plugin.kubeapi.lazypackage import lazy_packages
+
+# Before any module below imports the client: start-up imports only what it uses.
+lazy_packages("kubernetes", "kubernetes.config")
+
+from dra_plugin.kubeapi.discovery import (  # noqa: E402
     CLAIMS,
     RESOURCE_GROUP,
     RESOURCE_VERSIONS,
     SLICES,
     claim_to_v1,
 )
-from dra_plugin.kubeapi.errors import (
+from dra_plugin.kubeapi.errors import (  # noqa: E402
     ApiError,
     ConflictError,
     DiscoveryError,
@@ -42,10 +47,10 @@ from dra_plugin.kubeapi.errors import (
     NotFoundError,
     UnavailableError,
 )
-from dra_plugin.kubeapi.settings import ClientSettings
-from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts
-from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent
-from dra_plugin.kubeapi.workloads import WorkloadObjects
+from dra_plugin.kubeapi.settings import ClientSettings  # noqa: E402
+from dra_plugin.kubeapi.transport import Backoff, Obj, Timeouts  # noqa: E402
+from dra_plugin.kubeapi.watch import SliceWatch, WatchEvent  # noqa: E402
+from dra_plugin.kubeapi.workloads import WorkloadObjects  # noqa: E402
 
 
 class KubeAPI(SliceWatch, WorkloadObjects):

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any, Self
 
 import kubernetes.client
-import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import load_incluster_config
 
 from dra_plugin.apivalues.jsonobjects import object_pairs
 from dra_plugin.kubeapi import httpget
@@ -190,12 +191,16 @@ class Transport:
 
     @classmethod
     def from_kubeconfig(cls, path: str, *, timeouts: Timeouts | None = None) -> Self:
+        # Here, not at the top: the kubeconfig loader's own imports (oauthlib, requests,
+        # pydantic) are not needed in a pod (lazypackage.py).
+        from kubernetes.config.kube_config import load_kube_config
+
         cfg = cls._configuration()
         try:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=path, client_configuration=cfg, persist_config=False
             )
-        except (kubernetes.config.ConfigException, OSError, ValueError) as exc:
+        except (ConfigException, OSError, ValueError) as exc:
             raise ApiError(f"cannot load kubeconfig {path}: {exc}") from exc
         cfg.retries = 0
         return cls(kubernetes.client.ApiClient(cfg), timeouts=timeouts)
@@ -204,10 +209,10 @@ class Transport:
     def in_cluster(cls, *, timeouts: Timeouts | None = None) -> Self:
         cfg = cls._configuration()
         try:
-            kubernetes.config.load_incluster_config(  # type: ignore[no-untyped-call]
+            load_incluster_config(  # type: ignore[no-untyped-call]
                 client_configuration=cfg
             )
-        except kubernetes.config.ConfigException as exc:
+        except ConfigException as exc:
             raise ApiError(
                 f"no in-cluster API credentials ({exc}); outside a pod set --kubeconfig "
                 "or KUBECONFIG"

@@ -5,6 +5,9 @@ source file of the module and the Go toolchain's version: a change to any of the
 again, so no test runs a stale binary. Go's own module and build caches only make a
 rebuild faster; a fresh machine builds from the module proxy. Concurrent test processes
 build once (a file lock).
+
+judges/cmd/refdriver is built with them: not a judge but the Go reference driver (the
+kubelet plugin library and the CNCF CDI library) that bench/peers.py measures against.
 """
 
 from __future__ import annotations
