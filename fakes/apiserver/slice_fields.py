@@ -69,7 +69,9 @@ _DEVICE_FIELDS: Obj = {
             },
         }
     },
-    "consumesCounters": [{"counterSet": LEAF, "counters": _QUANTITY_MAP}],
+    "consumesCounters": [
+        {"counterSet": LEAF, "counters": _QUANTITY_MAP, "compatibilityGroups": LEAF}
+    ],
     "nodeName": LEAF,
     "nodeSelector": _NODE_SELECTOR,
     "allNodes": LEAF,

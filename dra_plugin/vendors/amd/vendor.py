@@ -16,7 +16,7 @@ from dra_plugin.findings.findings import Finding
 from dra_plugin.host import drm
 from dra_plugin.host.drm import Unpublished
 from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import Option, Raw, label, number
+from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.amd import cumask, devices, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
@@ -65,6 +65,18 @@ OPTIONS = (
         "several claims share one",
     ),
     vfio_option(AMD, "AMD", "vfio-pci", "type vfio, "),
+    Option(
+        "--amd-partition-modes",
+        "AMD_PARTITION_MODES",
+        "publish every compute partition mode of a partitionable AMD GPU (Instinct MI300 "
+        "and newer), each mode's partitions consuming the GPU's counters in a compatibility "
+        "group of their own, and switch a GPU's mode when a claim for a partition of "
+        "another mode is prepared (needs DRADeviceCompatibilityGroups; without it each GPU "
+        "is published in its current mode)",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,
+    ),
 )
 
 
@@ -72,6 +84,7 @@ OPTIONS = (
 class AmdSettings(BasicSettings):
     ras_poll_seconds: float = 10.0
     vfio: bool = False  # publish VFIO-bound GPUs
+    partition_modes: bool = False  # every mode published, switched at prepare (modes.py)
 
     @property
     def sharing(self) -> Sharing | None:
@@ -107,6 +120,7 @@ class AmdVendor(Vendor):
             shares=shares,
             ras_poll_seconds=poll,
             vfio=parse_vfio(AMD, raw),
+            partition_modes=raw["amd_partition_modes"] == "true",
         )
         return AmdDriver(self, settings)
 
@@ -147,7 +161,9 @@ class AmdDriver(Driver):
             missing = devices.plan(gpu, minors, topo).partial
             if missing is not None:
                 partial.append(Unpublished.of(gpu, missing))
-            return devices.amd_devices(gpu, minors, settings.driver_name, ids, topo)
+            return devices.amd_devices(
+                gpu, minors, settings.driver_name, ids, topo, settings.partition_modes
+            )
 
         found, skipped = drm.partition(snap, PCI_VENDOR_ID, skip, build)
         for gpu in (*partial, *skipped):
