@@ -18,7 +18,7 @@ whole GPU, DPX two partitions, QPX four, CPX one per XCD (accelerator complex). 
 
 A device of the mode the GPU is in carries its partition's live DRM nodes (and KFD
 extras); one of another mode carries none until its claim switches the GPU
-(at prepare). The memory partition mode is never changed here (amdgpu needs a reload
+(modeswitch.py). The memory partition mode is never changed here (amdgpu needs a reload
 for that): only the compute modes valid in the current one are published. A mode is
 valid when its partitions divide the XCDs and each lies in one memory partition
 (partitions >= NPS count): MI300X in NPS1 offers SPX, DPX, QPX and CPX, in NPS4 QPX and
@@ -37,6 +37,7 @@ MODES = ("spx", "dpx", "qpx", "cpx")  # published in this order; TPX (3) is not 
 MODE = "mode"  # Device.extra keys: the mode and partition index a device stands for
 PARTITION = "partition"
 SYS_PATH = "sysPath"  # the GPU's PCI function in sysfs, where the mode is written
+COUNT = "partitions"  # how many partitions the mode has
 MEMORY_MODES = {"nps1": 1, "nps2": 2, "nps4": 4, "nps8": 8}
 _PARTITIONS = {"spx": 1, "dpx": 2, "qpx": 4}  # cpx: one per XCD
 
@@ -160,7 +161,7 @@ def mode_devices(
                     **attrs,
                 }
             current = live.get(index) if mode == gpu.current else None
-            extra = {MODE: mode, PARTITION: str(index), SYS_PATH: gpu.sys_path}
+            extra = {MODE: mode, PARTITION: str(index), SYS_PATH: gpu.sys_path, COUNT: str(n)}
             if current is not None:
                 more = current.attrs
                 for key in ("cardIndex", "renderIndex", "parentDeviceID"):
