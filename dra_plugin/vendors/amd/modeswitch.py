@@ -79,10 +79,17 @@ def current_mode(sys_path: str) -> str | None:
 class ModeSwitch:
     """The OnDemand step (see the module docstring)."""
 
-    def __init__(self, boot_id: str, live: Live, wait_seconds: float = WAIT_SECONDS) -> None:
+    def __init__(
+        self,
+        boot_id: str,
+        live: Live,
+        wait_seconds: float = WAIT_SECONDS,
+        write: Callable[[Path, str], object] = Path.write_text,
+    ) -> None:
         self.boot_id = boot_id
         self.live = live
         self.wait_seconds = wait_seconds
+        self.write = write  # the sysfs write (amdgpu answers EINVAL, EBUSY, ...)
         self.held: dict[str, set[str]] = {}  # claim uid -> its device names
         self.changed: Callable[[], None] = lambda: None  # a rescan: discovery follows
 
@@ -101,15 +108,15 @@ class ModeSwitch:
                 )
             seen[1].append(d)
         entries: dict[str, VendorEntry] = {}
-        switched = False
+        want: dict[str, int] = {}  # the switched GPUs' PCI slots -> the mode's partitions
         for g, mine in gpus.values():
-            switched |= self._ensure(claim, g, mine)
+            if self._ensure(claim, g, mine):
+                want[kfd.slot_of(g.pci)] = g.count
             for d in mine:
                 entries[d.name] = self._entry(g.pci, g.mode)
-        want = {kfd.slot_of(g.pci): g.count for g, _ in gpus.values()}
         out = self._resolve(devices, {d.name for _, m in gpus.values() for d in m}, want)
         self.held[claim.uid] = {d.name for d in devices}
-        if switched:
+        if want:
             self.changed()
         return Made(out, entries)
 
@@ -148,7 +155,7 @@ class ModeSwitch:
         crashpoints.reached("mode-intent")
         log.info("%s: switching GPU %s from %s to %s mode", claim, g.pci, now, g.mode)
         try:
-            Path(g.sys_path, MODE_FILE).write_text(g.mode.upper() + "\n")
+            self.write(Path(g.sys_path, MODE_FILE), g.mode.upper() + "\n")
         except OSError as exc:
             # Nothing changed: the record keeps the intent, which names the mode the GPU
             # is still in; the claim's undo drops it.
@@ -163,9 +170,9 @@ class ModeSwitch:
         self, devices: Sequence[Device], names: set[str], want: Mapping[str, int]
     ) -> list[Device]:
         """The claim's devices with their partitions' live nodes (discovery again, until
-        the kernel has made them, at most `wait_seconds`): the GPU's KFD nodes are as many
-        as the mode's partitions (where the node has a KFD topology), and each claimed
-        partition has its DRM nodes."""
+        the kernel has made them, at most `wait_seconds`): each claimed partition has its
+        DRM nodes and, on a GPU switched now (`want`), the KFD nodes are as many as the
+        mode's partitions (where the node has a KFD topology)."""
         if not names:
             return list(devices)
         deadline = time.monotonic() + self.wait_seconds
