@@ -34,6 +34,7 @@ BASE = GPU0.name  # 0000-05-00-0-0x74a1
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(tmp_path, profile=["mi300x-cpx-0", "mi300x-cpx-1"], nvml_profile=None)
+    c.api.compatibility_groups = True  # DRADeviceCompatibilityGroups (alpha in 1.37)
     yield c
     c.close()
 
@@ -125,4 +126,17 @@ def test_kill_9_at_each_step_of_a_switch_is_settled_by_the_restart(
     # and the GPU is the claim's: another mode waits for it
     other = claim(cluster, "other", f"{BASE}-spx")
     assert "hold partitions of it" in prepared(plugin, other)
+    assert daemon.terminate() == 0
+
+
+def test_without_the_gate_each_gpu_is_published_in_its_current_mode(cluster: Cluster) -> None:
+    cluster.api.compatibility_groups = False  # the 1.37 default: the field is dropped
+    env = {"VENDORS": "amd", "HOST_ROOT": str(cluster.tmp / "host"), "AMD_PARTITION_MODES": "true"}
+    daemon = cluster.start_daemon(env=env)
+    daemon.wait_ready([AMD])
+    cluster.wait_for("the fallback", lambda: f"{BASE}-p7" in cluster.published(AMD))
+    names = cluster.published(AMD)
+    assert len(names) == 16 and all(n.rsplit("-", 1)[1].startswith("p") for n in names)
+    assert not any(s["spec"].get("sharedCounters") for s in cluster.slices(AMD))
+    assert "DRADeviceCompatibilityGroups" in daemon.logs()
     assert daemon.terminate() == 0
