@@ -151,3 +151,15 @@ def test_a_partition_that_never_comes_is_the_claims_error(tmp_path: Path) -> Non
     with pytest.raises(MakeError, match=r"has no DRM device 0\.2 s after"):
         switch.make(ctx("a", [f"{BASE}-dpx-p1"], []), [gpu.named(f"{BASE}-dpx-p1")])
     assert gpu.mode == "dpx"  # the kernel has it; the record's intent says so
+
+
+def test_admin_access_never_switches_a_gpu(tmp_path: Path) -> None:
+    gpu = Gpu(tmp_path)
+    switch = ModeSwitch("boot-1", gpu.live, wait_seconds=1)
+    name = f"{BASE}-spx"
+    claim = ClaimContext(
+        "a", "default", "a", ("gpu",), (AllocatedDevice(name, "gpu", admin_access=True),)
+    )
+    with pytest.raises(MakeError, match=r"admin access .* never switches"):
+        switch.make(claim, [gpu.named(name)])
+    assert gpu.mode == "cpx"

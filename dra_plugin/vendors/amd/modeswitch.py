@@ -135,6 +135,11 @@ class ModeSwitch:
             raise MakeError(f"{mine[0].name}: GPU {g.pci} has no {MODE_FILE} any more")
         if now == g.mode:
             return False
+        if all((a := claim.device(d.name)) is not None and a.admin_access for d in mine):
+            raise MakeError(
+                f"{mine[0].name}: GPU {g.pci} is in {now} mode; admin access watches a "
+                f"partition that exists and never switches a GPU to {g.mode}"
+            )
         holders = sorted(
             uid for uid, names in self.held.items()
             if uid != claim.uid and any(_on(g.base, n) for n in names)
