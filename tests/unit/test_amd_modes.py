@@ -12,6 +12,7 @@ from dra_plugin.devices import InvalidDeviceError, validate_device
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.slices.rules import flat_device
 from dra_plugin.vendors.amd import modes
+from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
 from fakes import amdmodes, apiserver
 
 GiB = 1 << 30
@@ -112,3 +113,12 @@ def test_without_groups_or_counters_the_current_mode_is_published_as_today(
     assert all(str(d["name"]).rsplit("-", 1)[1].startswith("p") for d in devices)
     assert not any(d.get("consumesCounters") for d in devices)
     assert not any(s["spec"].get("sharedCounters") for s in slices)  # type: ignore[attr-defined]
+
+
+def test_telemetry_reads_a_gpu_once_not_again_for_its_spx_mode_device() -> None:
+    """In SPX the GPU's own device and its `-spx` mode device are both type amdgpu: only
+    the GPU's own is read (the mode devices are what the scheduler sees, not the GPU)."""
+    devices = amdmodes.node_devices(gpus=1, current="spx")
+    spx = next(d for d in devices if d.name.endswith("-spx"))
+    assert spx.attrs["type"] == "amdgpu"
+    assert AmdSysfsReader().read(spx, 0.0) == []
