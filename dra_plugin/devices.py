@@ -25,6 +25,7 @@ MAX_DRIVER_NAME = 63
 # KEP-4815 limits (ResourceSliceMaxDeviceCounterConsumptionsPerDevice, ...PerCounterSet).
 MAX_COUNTER_CONSUMPTIONS = 2
 MAX_COUNTERS_PER_SET = 32
+MAX_COMPATIBILITY_GROUPS = 2  # KEP-5963: DeviceCompatibilityGroupsMaxSize
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -154,6 +155,12 @@ class Device:
     # KEP-4815: the counters this device uses while allocated, per counter set. Two
     # devices are allocated together only while their sums stay within the sets.
     consumes: tuple[tuple[CounterSet, tuple[tuple[str, int], ...]], ...] = ()
+    # KEP-5963 (DRADeviceCompatibilityGroups): the groups of every `consumes` entry. Devices
+    # on one counter set are allocated together only if their groups intersect. A device
+    # with groups is published only where the server keeps them; `fallback` devices only
+    # where it does not (what the pool offers without groups: AMD's current mode).
+    groups: tuple[str, ...] = ()
+    fallback: bool = False
 
     @property
     def attrs(self) -> dict[str, AttrValue]:
@@ -187,6 +194,8 @@ def make_device(
     extra: Mapping[str, str] | None = None,
     shared_nodes: Iterable[DeviceNode] = (),
     consumes: Iterable[tuple[CounterSet, Mapping[str, int]]] = (),
+    groups: Iterable[str] = (),
+    fallback: bool = False,
 ) -> Device:
     """Build a Device, dropping attributes/capacities whose value is unknown (None)."""
     return Device(
@@ -203,6 +212,8 @@ def make_device(
         shared_nodes=tuple(shared_nodes),
         extra=tuple(sorted((extra or {}).items())),
         consumes=tuple((cs, tuple(sorted(used.items()))) for cs, used in consumes),
+        groups=tuple(groups),
+        fallback=fallback,
     )
 
 
@@ -240,6 +251,17 @@ def validate_device(device: Device) -> None:
             f"{who}: consumes from {len(device.consumes)} counter sets, "
             f"limit {MAX_COUNTER_CONSUMPTIONS}"
         )
+    if device.groups and not device.consumes:
+        raise InvalidDeviceError(f"{who}: compatibility groups without counters to consume")
+    if len(device.groups) > MAX_COMPATIBILITY_GROUPS or len(set(device.groups)) != len(
+        device.groups
+    ):
+        raise InvalidDeviceError(
+            f"{who}: at most {MAX_COMPATIBILITY_GROUPS} distinct compatibility groups"
+        )
+    for group in device.groups:
+        if not is_dns_label(group):
+            raise InvalidDeviceError(f"{who}: compatibility group {group!r} is not a DNS label")
     for counter_set, used in device.consumes:
         totals = dict(counter_set.counters)
         if not is_dns_label(counter_set.name):

@@ -75,6 +75,13 @@ def partition_count(board: AmdBoard) -> int:
     return board.partitions[4] if board.partitions and board.partitions[0] != "SPX" else 1
 
 
+def mode_partitions(device_id: str, mode: str) -> int:
+    """Partitions of a compute mode: CPX has one per XCD (MI300X 8, MI308X 4)."""
+    if mode.lower() == "cpx":
+        return {"0x74a2": 4, "0x74a0": 6}.get(device_id.lower(), 8)
+    return {"spx": 1, "dpx": 2, "qpx": 4}[mode.lower()]
+
+
 def xcp_devpaths(board: AmdBoard) -> list[str]:
     """amdgpu_xcp platform devices (partitions 1..n-1 and the spare ones)."""
     count = board.xcp_devices if board.xcp_devices is not None else partition_count(board) - 1

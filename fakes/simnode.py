@@ -225,6 +225,17 @@ class SimNode(SysfsWriter):
         if emit:
             self._pci_event(card, "change")
 
+    def switch_compute_partition(self, pci_address: str, mode: str, *, emit: bool = True) -> None:
+        """Switch an AMD card's compute partition mode as amdgpu does (simsysfs.py), with
+        the uevents: removed DRM minors, added ones, and a change of the PCI function."""
+        removed, added = self._switch_partition(pci_address, mode)
+        if emit:
+            for syspath in reversed(removed):
+                self._drm_event(syspath, "remove")
+            for syspath in added:
+                self._drm_event(syspath, "add")
+            self._pci_event(self._present[pci_address].card, "change")
+
     def _drm_card_dir(self, present: _Present) -> Path | None:
         cards = [p for p in present.drm if p.rsplit("/", 1)[1].startswith("card")]
         return Path(self._path(cards[0])) if cards else None

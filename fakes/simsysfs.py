@@ -159,6 +159,41 @@ class SysfsWriter:
                 )
         self._sync_kfd()
 
+    def _switch_partition(self, pci_address: str, mode: str) -> tuple[list[str], list[str]]:
+        """What amdgpu does when `mode` is written to current_compute_partition: the
+        partitions of the old mode go (their KFD nodes, and their amdgpu_xcp devices where
+        the board makes only the mode's), those of the new one come, each with its share
+        of the GPU's SIMDs. Returns the DRM minors removed and added (for uevents)."""
+        present = self._present[pci_address]
+        card, board = present.card, present.card.amd
+        assert board is not None and board.partitions is not None, f"{pci_address}: no modes"
+        n = amdsim.mode_partitions(card.device_id, mode)
+        total = board.simd_count * amdsim.partition_count(board)
+        _, avail, mem, mem_avail, _ = board.partitions
+        props = dict(board.kfd_props)
+        if "simd_count" in props:
+            props["simd_count"] = total // n
+        new = replace(
+            board, partitions=(mode.upper(), avail, mem, mem_avail, n), simd_count=total // n,
+            kfd_parts=None, banks=None if board.banks is None else (),
+            kfd_props=tuple(props.items()),
+        )  # fmt: skip
+        removed: list[str] = []
+        if board.xcp_devices is None:  # only the mode's amdgpu_xcp devices: they change
+            removed = [p for p in present.drm if p.startswith("/sys/devices/platform/")]
+            for syspath in [*removed, *present.platform]:
+                self._testbed.remove_device(syspath)
+            present.drm = [p for p in present.drm if p not in removed]
+            present.platform = []
+        present.card = replace(card, amd=new)
+        Path(self._path(card.syspath), "current_compute_partition").write_text(f"{mode.upper()}\n")
+        before = set(present.drm)
+        if board.xcp_devices is None:
+            self._add_amd_partitions(present)
+        else:
+            self._sync_kfd()
+        return removed, [p for p in present.drm if p not in before]
+
     def _sync_kfd(self) -> None:
         bound = [
             p.card

@@ -104,6 +104,9 @@ def device_fields(
         body["consumesCounters"] = [
             {"counterSet": cs.name, "counters": _counters(used)} for cs, used in device.consumes
         ]
+        if device.groups:
+            for use in body["consumesCounters"]:
+                use["compatibilityGroups"] = list(device.groups)
     if sharing is not None:
         body["allowMultipleAllocations"] = True
         body["capacity"] = shared_capacity(dict(device.capacity), sharing)
@@ -154,6 +157,7 @@ def desired_slices(
     now: datetime | None = None,
     sharing: Sharing | None = None,
     counters: bool = True,
+    groups: bool = True,
 ) -> list[Obj]:
     """The ResourceSlices that publish `devices` of `driver` on `node_name`.
 
@@ -166,13 +170,25 @@ def desired_slices(
     `counters` (False: the server drops the fields, and without them the scheduler would
     hand out overlapping partitions). Their counter sets go first, in slices of their
     own (1.35+: a slice holds devices or counter sets, at most 8), then the devices.
+
+    Devices with compatibility groups (KEP-5963) are published only with `counters` and
+    `groups` (False: the server drops the field, and without it the scheduler would mix
+    what the groups keep apart); `fallback` devices exactly when those are not.
     """
     if taint_effect not in TAINT_EFFECTS:
         raise ValueError(f"taint effect {taint_effect!r} is not one of {TAINT_EFFECTS}")
     stamp = _rfc3339(now)
     keep_counters = counters and api_version == "v1"
+    keep_groups = keep_counters and groups
     ordered = sorted(
-        (d for d in devices if keep_counters or not d.consumes), key=lambda d: _natural_key(d.name)
+        (
+            d
+            for d in devices
+            if (keep_counters or not d.consumes)
+            and (keep_groups or not d.groups)
+            and not (keep_groups and d.fallback)
+        ),
+        key=lambda d: _natural_key(d.name),
     )
     sets = counter_sets(ordered)
     bodies = []

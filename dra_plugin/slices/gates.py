@@ -1,10 +1,11 @@
 """What the API server drops: fields behind feature gates that are off.
 
 The server drops a gated field silently; the client learns of it only from the object it
-gets back. Sharing (DRAConsumableCapacity) and partitions (DRAPartitionableDevices) are
-probed once per driver with a dry-run create before their first write, so a cluster with
-the gate off never stores a half-published pool; taints (DRADeviceTaints) are noticed on
-the first write. Each loss is said once, and the publisher then publishes without it.
+gets back. Sharing (DRAConsumableCapacity), partitions (DRAPartitionableDevices) and
+compatibility groups (DRADeviceCompatibilityGroups) are probed once per driver with a
+dry-run create before their first write, so a cluster with the gate off never stores a
+half-published pool; taints (DRADeviceTaints) are noticed on the first write. Each loss
+is said once, and the publisher then publishes without it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,18 @@ class Gates:
         self.drops_taints: set[str] = set()
         self.drops_sharing: set[str] = set()  # the server does not keep consumable capacity
         self.drops_counters: set[str] = set()  # nor KEP-4815 counters
+        self.drops_groups: set[str] = set()  # nor KEP-5963 compatibility groups
         self._probed: set[tuple[str, str]] = set()  # (driver, feature) a dry run answered
 
     def sharing(self, driver: str, configured: Sharing | None) -> Sharing | None:
         return None if driver in self.drops_sharing else configured
 
-    def dropped(self, driver: str) -> tuple[bool, bool]:
-        return driver in self.drops_sharing, driver in self.drops_counters
+    def dropped(self, driver: str) -> tuple[bool, bool, bool]:
+        return (
+            driver in self.drops_sharing,
+            driver in self.drops_counters,
+            driver in self.drops_groups,
+        )
 
     async def probe(self, driver: str, desired: list[Obj], sharing: Sharing | None) -> bool:
         """Before the first write of shared devices or counters: whether a dry-run create
@@ -46,6 +52,13 @@ class Gates:
             driver, "counters", desired, _counted
         ):
             self._fall_back_to_static(driver)
+            return True
+        if (
+            driver not in self.drops_counters
+            and driver not in self.drops_groups
+            and await self._loses(driver, "groups", desired, _grouped)
+        ):
+            self._fall_back_to_ungrouped(driver)
             return True
         return False
 
@@ -67,6 +80,9 @@ class Gates:
             return
         if _counted(sent) and not _counted(got):
             self._fall_back_to_static(driver)
+            return
+        if _grouped(sent) and not _grouped(got):
+            self._fall_back_to_ungrouped(driver)
             return
         if content_key(sent) != content_key(got) and driver not in self.drops_taints:
             sent_taints = any(
@@ -112,6 +128,18 @@ class Gates:
             driver,
         )
 
+    def _fall_back_to_ungrouped(self, driver: str) -> None:
+        self.drops_groups.add(driver)
+        metrics.fields_dropped(driver, "DRADeviceCompatibilityGroups")
+        log.warning(
+            "the API server dropped compatibilityGroups: devices of several partition "
+            "modes of one GPU need the DRADeviceCompatibilityGroups feature gate (alpha in "
+            "Kubernetes 1.37) on the API server and scheduler; publishing driver=%s with "
+            "each GPU in its current mode only. Enable the gate and restart the plugin, or "
+            "turn the partition modes off to silence this",
+            driver,
+        )
+
     def _fall_back_to_exclusive(self, driver: str) -> None:
         # Like the taint case below: the server drops fields behind a feature gate.
         # A half-shared pool (capacity without allowMultipleAllocations) must not stay.
@@ -139,4 +167,13 @@ def _counted(obj: Obj) -> bool:
     spec = obj.get("spec") or {}
     return bool(spec.get("sharedCounters")) or any(
         flat_device(d).get("consumesCounters") for d in spec.get("devices") or []
+    )
+
+
+def _grouped(obj: Obj) -> bool:
+    """Whether a slice has a device whose counters carry KEP-5963 compatibility groups."""
+    return any(
+        use.get("compatibilityGroups")
+        for d in (obj.get("spec") or {}).get("devices") or []
+        for use in flat_device(d).get("consumesCounters") or []
     )

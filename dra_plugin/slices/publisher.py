@@ -242,6 +242,7 @@ class SlicePublisher:
             taint_effect=self.taint_effect,
             sharing=self.sharing(driver),
             counters=self.partitions(driver),
+            groups=driver not in self._gates.drops_groups,
         )
         if driver in self._gates.drops_taints:
             strip_taints(desired)

@@ -31,6 +31,7 @@ MAX_BINDING_CONDITIONS = 4  # BindingConditionsMaxSize, BindingFailureConditions
 MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
 MAX_COUNTERS_PER_SET = 32  # ResourceSliceMaxCountersPerCounterSet
 MAX_CONSUMPTIONS_PER_DEVICE = 2  # ResourceSliceMaxDeviceCounterConsumptionsPerDevice
+MAX_COMPATIBILITY_GROUPS = 2  # DeviceCompatibilityGroupsMaxSize (KEP-5963, 1.37 alpha)
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_STRING = 64
 MAX_GENERATE_NAME = 58  # the server cuts generateName here before adding 5 random chars
@@ -216,6 +217,17 @@ def _validate_device_fields(dev: Obj, name: str, fail: Any) -> None:
         problem = _counters_problem(use.get("counters") or {})
         if problem:
             fail(f"consumesCounters {use.get('counterSet')!r}: {problem}", name)
+        groups = use.get("compatibilityGroups") or []
+        if (
+            len(groups) > MAX_COMPATIBILITY_GROUPS
+            or len(set(groups)) != len(groups)
+            or not all(is_dns_label(g) for g in groups)
+        ):
+            fail(
+                f"consumesCounters {use.get('counterSet')!r}: compatibilityGroups must be at "
+                f"most {MAX_COMPATIBILITY_GROUPS} distinct DNS labels",
+                name,
+            )
     taints = dev.get("taints") or []
     if len(taints) > MAX_TAINTS_PER_DEVICE:
         fail(f"{len(taints)} taints, limit {MAX_TAINTS_PER_DEVICE}", name)

@@ -72,6 +72,9 @@ class FakeAPIServer(SliceStore, ClaimStore):
         self.partitionable_devices = (
             gates.partitionable_devices if partitionable_devices is None else partitionable_devices
         )
+        # DRADeviceCompatibilityGroups (KEP-5963, alpha in 1.37: off): when off, the server
+        # drops consumesCounters[].compatibilityGroups. An attribute, flipped by tests.
+        self.compatibility_groups = gates.compatibility_groups
         # (verb, group, resource) triples a SelfSubjectAccessReview allows; None: allow all.
         self.allow: set[tuple[str, str, str]] | None = set(allow) if allow is not None else None
         self.lock = threading.Condition()
@@ -224,6 +227,7 @@ class FakeAPIServer(SliceStore, ClaimStore):
             consumable_capacity=self.consumable_capacity,
             partitionable_devices=self.partitionable_devices,
             binding_conditions=self.binding_conditions,
+            compatibility_groups=self.compatibility_groups,
         )
 
     def add_node(self, name: str, uid: str | None = None) -> Obj:

@@ -13,7 +13,7 @@ from typing import Any
 from dra_plugin.apivalues.quantity import parse_quantity
 from dra_plugin.devices import is_dns_label, is_dns_subdomain, is_semver, valid_driver_name
 from dra_plugin.slices import rules
-from fakes.apiserver import node_selection
+from fakes.apiserver import groups, node_selection
 from fakes.apiserver.convert import flat_device
 
 Obj = dict[str, Any]
@@ -217,9 +217,10 @@ def counter_set(at: At) -> Errors:
 def use(at: At) -> Errors:
     item, path = at.value, at.path
     return [
-        *unknown(item, {"counterSet", "counters"}, path),
+        *unknown(item, {"counterSet", "counters", "compatibilityGroups"}, path),
         *_dns_label(item.get("counterSet"), f"{path}.counterSet"),
         *_counters(item.get("counters"), MAX_COUNTERS_PER_USE, f"{path}.counters"),
+        *groups.errors(item.get("compatibilityGroups"), f"{path}.compatibilityGroups"),
     ]
 
 

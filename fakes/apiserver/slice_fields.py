@@ -29,6 +29,7 @@ class SliceGates:
     consumable_capacity: bool = True  # DRAConsumableCapacity: beta, on from 1.36
     partitionable_devices: bool = True  # DRAPartitionableDevices: beta, on from 1.36
     binding_conditions: bool = True  # DRADeviceBindingConditions: beta, on from 1.36
+    compatibility_groups: bool = False  # DRADeviceCompatibilityGroups: alpha in 1.37, off
 
 
 def gates_for(version: str) -> SliceGates:
@@ -69,7 +70,9 @@ _DEVICE_FIELDS: Obj = {
             },
         }
     },
-    "consumesCounters": [{"counterSet": LEAF, "counters": _QUANTITY_MAP}],
+    "consumesCounters": [
+        {"counterSet": LEAF, "counters": _QUANTITY_MAP, "compatibilityGroups": LEAF}
+    ],
     "nodeName": LEAF,
     "nodeSelector": _NODE_SELECTOR,
     "allNodes": LEAF,
@@ -161,6 +164,8 @@ def _uses(spec: Obj | None, version: str, feature: str) -> bool:
         return any(d.get("taints") for d in devices)
     if feature == "binding":
         return any(d.get(k) is not None and d.get(k) != [] for d in devices for k in _BINDING)
+    if feature == "groups":
+        return any(u.get("compatibilityGroups") for d in devices for u in _consumes(d))
     if feature == "partitionable":
         return (
             bool(spec.get("sharedCounters"))
@@ -178,6 +183,10 @@ def _uses(spec: Obj | None, version: str, feature: str) -> bool:
     )
 
 
+def _consumes(dev: Obj) -> list[Obj]:
+    return [u for u in dev.get("consumesCounters") or [] if isinstance(u, dict)]
+
+
 def drop_gated(spec: Obj, old_spec: Obj | None, version: str, gates: SliceGates) -> None:
     """Drop the fields of gates that are off, in place, unless `old_spec` (the stored
     slice of an update) uses them already. List-type attributes (DRAListTypeAttributes,
@@ -192,6 +201,10 @@ def drop_gated(spec: Obj, old_spec: Obj | None, version: str, gates: SliceGates)
         for dev in devices:
             for key in _PARTITION_DEVICE:
                 dev.pop(key, None)
+    if not (gates.compatibility_groups or _uses(old_spec, version, "groups")):
+        for dev in devices:
+            for use in _consumes(dev):
+                use.pop("compatibilityGroups", None)
     if not (gates.binding_conditions or _uses(old_spec, version, "binding")):
         for dev in devices:
             for key in _BINDING:

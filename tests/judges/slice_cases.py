@@ -127,6 +127,12 @@ CANONICAL = {
 
 CASES: list[Case] = [
     Case("plain-device", spec(), Accepted()),
+    # KEP-5963 (DRADeviceCompatibilityGroups) is alpha in 1.37: off, the field is dropped.
+    Case(
+        "compatibility-groups-dropped",
+        spec(device(consumesCounters=[{**CONSUMES[0], "compatibilityGroups": ["cpx"]}])),
+        Accepted(dropped=("devices.0.consumesCounters.0.compatibilityGroups",)),
+    ),
     # Unknown fields: fieldValidation defaults to Warn: dropped, 2xx, a Warning header.
     Case(
         "unknown-device-field",

@@ -222,6 +222,8 @@ flags. The DaemonSet adds extraEnv, which replaces any of these by name. */}}
   value: {{ .Values.amd.sharing.shares | quote }}
 - name: AMD_VFIO
   value: {{ .Values.amd.vfio.enabled | quote }}
+- name: AMD_PARTITION_MODES
+  value: {{ .Values.amd.partitionModes.enabled | quote }}
 {{- end }}
 - name: KUBELET_REGISTRAR_DIRECTORY_PATH
   value: {{ .Values.kubelet.registrarDir | quote }}

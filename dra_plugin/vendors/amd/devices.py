@@ -24,7 +24,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dra_plugin.devices import (
     AttrValue,
@@ -38,9 +38,10 @@ from dra_plugin.devices import (
     semver,
     truncate,
 )
+from dra_plugin.host.pci import parse_pci_id
 from dra_plugin.host.udev import Minors, PciGpu, UdevScan, attr, by_path_nodes, int_attr
 from dra_plugin.vendors.amd import ids as amd_ids
-from dra_plugin.vendors.amd import kfd
+from dra_plugin.vendors.amd import kfd, modes
 from dra_plugin.vendors.amd.cumask import GFX_VERSION, KFD_NODE
 from dra_plugin.vendors.amd.ids import AMD
 from dra_plugin.vendors.amd.kfd import KfdNode
@@ -222,9 +223,16 @@ def _kfd_extra(node: KfdNode | None) -> dict[str, str]:
 
 
 def amd_devices(
-    gpu: PciGpu, minors: Minors, driver_name: str, ids: amd_ids.IdsTable, topo: Topology
+    gpu: PciGpu,
+    minors: Minors,
+    driver_name: str,
+    ids: amd_ids.IdsTable,
+    topo: Topology,
+    all_modes: bool = False,
 ) -> list[Device]:
-    """The whole GPU, or one device per partition where it is partitioned (see `plan`)."""
+    """The whole GPU, or one device per partition where it is partitioned (see `plan`);
+    with `all_modes` (AMD_PARTITION_MODES), a partitionable GPU's devices of every mode
+    too, and those of its current mode marked `fallback` (modes.py)."""
     ident = amd_ids.lookup(gpu.device_id, gpu.revision, ids)
     compute, memory_mode = _partition_modes(gpu)
     gpu_plan = plan(gpu, minors, topo)
@@ -298,4 +306,35 @@ def amd_devices(
                 shared_nodes=(topo.kfd_node,) if topo.kfd_node is not None else (),
             )
         )
-    return devices
+    gm = _gpu_modes(gpu, name, vram, gpu_plan) if all_modes and devices else None
+    if gm is None or not gm.modes():
+        return devices
+    live = {part.index: dev for part, dev in zip(gpu_plan.parts, devices, strict=True)}
+    return [replace(d, fallback=True) for d in devices] + modes.mode_devices(
+        gm, driver_name, common, live, devices[0]
+    )
+
+
+def _gpu_modes(gpu: PciGpu, name: str, vram: int | None, gpu_plan: Plan) -> modes.GpuModes | None:
+    """What the GPU's modes are made from; None: it is not partitionable, or what they
+    need is unknown (XCDs of its device id, VRAM, the current modes)."""
+    compute, memory_mode = _partition_modes(gpu)
+    device = parse_pci_id(gpu.device_id)
+    xcds = amd_ids.XCCS.get(device) if device is not None else None
+    if not (xcds and vram and compute and memory_mode and gpu_plan.parts):
+        return None
+    node = gpu_plan.parts[0].kfd
+    count = 1 if gpu_plan.whole else gpu_plan.expected or len(gpu_plan.parts)
+    cus = node.compute_units if node else None
+    return modes.GpuModes(
+        base=name,
+        pci_address=gpu.pci_address,
+        sys_path=gpu.sys_path,
+        xcds=xcds,
+        vram=vram,
+        compute_units=cus * count if cus else None,
+        simd_units=node.simd_count * count if node and node.simd_count else None,
+        current=compute,
+        memory=memory_mode,
+        available=modes.parse_modes(attr(gpu.sys_path, "available_compute_partition")),
+    )

@@ -13,11 +13,14 @@ from __future__ import annotations
 from dra_plugin.devices import Device
 from dra_plugin.host.hwmon import SysfsGpuReader, pcie_link, read_int
 from dra_plugin.telemetry import catalogue as t
+from dra_plugin.vendors.amd.modes import is_mode_device
 
 
 class AmdSysfsReader(SysfsGpuReader):
     def read(self, device: Device, now: float) -> list[t.Reading]:
         """All values of `device`; raises DeviceGone when its PCI directory vanished."""
+        if is_mode_device(device):
+            return []  # AMD_PARTITION_MODES: the GPU's own device (`fallback`) is read
         pci = self._pci_dir(device)
         if device.attrs.get("type") != "amdgpu":
             return []  # a partition: the files describe the whole GPU

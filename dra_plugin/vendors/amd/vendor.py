@@ -6,6 +6,7 @@ units by HSA_CU_MASK (cubook.py)."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,17 +14,19 @@ from pathlib import Path
 from dra_plugin.cdi.claims import ClaimEdits
 from dra_plugin.devices import Device
 from dra_plugin.findings.findings import Finding
-from dra_plugin.host import drm
+from dra_plugin.host import drm, udev
 from dra_plugin.host.drm import Unpublished
-from dra_plugin.host.udev import Minors, PciGpu
-from dra_plugin.options import Option, Raw, label, number
+from dra_plugin.host.udev import Minors, PciGpu, UdevScan
+from dra_plugin.options import RUN_DISCOVER, Option, Raw, label, number
 from dra_plugin.sharing import Sharing
-from dra_plugin.vendors.amd import cumask, devices, vfio
+from dra_plugin.vendors.amd import cumask, devices, kfd, vfio
 from dra_plugin.vendors.amd import ids as amd_ids
 from dra_plugin.vendors.amd.cubook import CuBook, recorded_ranges
 from dra_plugin.vendors.amd.doctor import check_amd
 from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
+from dra_plugin.vendors.amd.modeswitch import ModeSwitch
 from dra_plugin.vendors.amd.ras import RasWatcher
+from dra_plugin.vendors.amd.steps import AmdSteps
 from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
 from dra_plugin.vendors.base import (
     Discovered,
@@ -65,6 +68,18 @@ OPTIONS = (
         "several claims share one",
     ),
     vfio_option(AMD, "AMD", "vfio-pci", "type vfio, "),
+    Option(
+        "--amd-partition-modes",
+        "AMD_PARTITION_MODES",
+        "publish every compute partition mode of a partitionable AMD GPU (Instinct MI300 "
+        "and newer), each mode's partitions consuming the GPU's counters in a compatibility "
+        "group of their own, and switch a GPU's mode when a claim for a partition of "
+        "another mode is prepared (needs DRADeviceCompatibilityGroups; without it each GPU "
+        "is published in its current mode)",
+        "false",
+        ("true", "false"),
+        commands=RUN_DISCOVER,
+    ),
 )
 
 
@@ -72,6 +87,7 @@ OPTIONS = (
 class AmdSettings(BasicSettings):
     ras_poll_seconds: float = 10.0
     vfio: bool = False  # publish VFIO-bound GPUs
+    partition_modes: bool = False  # every mode published, switched at prepare (modes.py)
 
     @property
     def sharing(self) -> Sharing | None:
@@ -107,6 +123,7 @@ class AmdVendor(Vendor):
             shares=shares,
             ras_poll_seconds=poll,
             vfio=parse_vfio(AMD, raw),
+            partition_modes=raw["amd_partition_modes"] == "true",
         )
         return AmdDriver(self, settings)
 
@@ -118,6 +135,7 @@ class AmdDriver(Driver):
         self.vendor = vendor
         self.settings: AmdSettings = settings
         self._told: dict[str, str] = {}  # PCI address -> problem last logged (once per change)
+        self.switch: ModeSwitch | None = None  # AMD_PARTITION_MODES: modes switched at prepare
 
     @property
     def vfio(self) -> bool:
@@ -147,7 +165,9 @@ class AmdDriver(Driver):
             missing = devices.plan(gpu, minors, topo).partial
             if missing is not None:
                 partial.append(Unpublished.of(gpu, missing))
-            return devices.amd_devices(gpu, minors, settings.driver_name, ids, topo)
+            return devices.amd_devices(
+                gpu, minors, settings.driver_name, ids, topo, settings.partition_modes
+            )
 
         found, skipped = drm.partition(snap, PCI_VENDOR_ID, skip, build)
         for gpu in (*partial, *skipped):
@@ -162,6 +182,9 @@ class AmdDriver(Driver):
         return Discovered(found, notes, (*skipped, *partial))
 
     def monitors(self, hooks: MonitorHooks) -> list[Monitor]:
+        if self.switch is not None:  # a switched GPU's partitions: published at once
+            self.switch.changed = hooks.rescan
+
         def gpus() -> set[str]:
             return {d.pci_address for d in hooks.published() if d.pci_address}
 
@@ -190,7 +213,22 @@ class AmdDriver(Driver):
     def on_demand(
         self, state_dir: Path, boot_id: str, host_root: Path, workloads: Workloads | None = None
     ) -> OnDemand | None:
-        return CuBook(state_dir) if self.sharing is not None else None
+        steps: list[OnDemand] = []
+        if self.settings.partition_modes:
+
+            def live() -> tuple[tuple[Device, ...], dict[str, int]]:
+                snap = fresh_scan()
+                node = snap.nodes.get(devices.KFD_SUBSYSTEM)
+                slots = Counter(
+                    n.slot for n in kfd.read_topology(node[1] if node else None).values()
+                )
+                return self.discover(lambda: snap, host_root).devices, dict(slots)
+
+            self.switch = ModeSwitch(boot_id, live)
+            steps.append(self.switch)
+        if self.sharing is not None:
+            steps.append(CuBook(state_dir))
+        return AmdSteps(steps) if steps else None
 
     def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
         total = device.caps.get(cumask.CAPACITY, 0)
@@ -212,6 +250,13 @@ class AmdDriver(Driver):
             "of this GPU. Not limited: GPU memory, and a process that unsets "
             f"{cumask.ENV} or does not use the ROCm runtime (see docs/sharing.md)",
         )
+
+
+def fresh_scan() -> UdevScan:
+    """A udev snapshot of the AMD GPUs now (the mode switch's wait for new partitions)."""
+    return udev.scan(
+        {PCI_VENDOR_ID: AmdVendor.pci_classes}, devices.PLATFORM_DEVICES, (devices.KFD_SUBSYSTEM,)
+    )
 
 
 def rocm_order(devices: Sequence[Device]) -> list[Device]:
