@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -21,6 +22,11 @@ from pathlib import Path
 
 JUDGES = Path(__file__).resolve().parents[2] / "judges"
 BIN_ROOT = JUDGES / ".bin"
+# containerd, its runc shim and ctr for the single-node tests (fakes/node): a module of its
+# own (judges/containerd/go.mod, `tool` lines), as its dependencies' versions differ from
+# k8s.io/kubernetes'. Built static (CGO off: no btrfs/devmapper headers needed).
+CONTAINERD = JUDGES / "containerd"
+CONTAINERD_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 
 class JudgeBuildError(RuntimeError):
@@ -78,14 +84,30 @@ def _ldflags() -> str:
     )
 
 
+def containerd_version() -> str:
+    """The containerd version judges/containerd/go.mod pins (e.g. v2.4.2)."""
+    found = re.search(
+        r"^\s*github\.com/containerd/containerd/v2 (v\d+\.\d+\.\d+)\b",
+        (CONTAINERD / "go.mod").read_text(),
+        re.M,
+    )
+    if found is None:
+        raise JudgeBuildError(f"{CONTAINERD / 'go.mod'} pins no containerd version")
+    return found.group(1)
+
+
+def _containerd_ldflags() -> str:
+    return f"-X github.com/containerd/containerd/v2/version.Version={containerd_version()}"
+
+
 def source_key(go: str | None = None) -> str:
     """What a judge binary depends on: the module files, the sources, the toolchain, the flags."""
     go = go or _go()
     digest = hashlib.sha256()
     version = subprocess.run([go, "version"], capture_output=True, text=True, check=True)
     digest.update(version.stdout.encode())
-    digest.update(_ldflags().encode() + b"\0")
-    files = [JUDGES / "go.mod", JUDGES / "go.sum"]
+    digest.update(_ldflags().encode() + b"\0" + _containerd_ldflags().encode() + b"\0")
+    files = [JUDGES / "go.mod", JUDGES / "go.sum", CONTAINERD / "go.mod", CONTAINERD / "go.sum"]
     files += sorted(p for p in JUDGES.rglob("*.go") if ".bin" not in p.relative_to(JUDGES).parts)
     for path in files:
         digest.update(str(path.relative_to(JUDGES)).encode() + b"\0")
@@ -118,6 +140,17 @@ def build() -> Built:
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
             raise JudgeBuildError(f"go build ./cmd/... in {JUDGES} failed:\n{proc.stderr[-4000:]}")
+        tools = [f"github.com/containerd/containerd/v2/cmd/{name}" for name in CONTAINERD_TOOLS]
+        proc = subprocess.run(
+            [go, "build", "-ldflags", _containerd_ldflags(), "-o", str(tmp) + "/", *tools],
+            cwd=CONTAINERD,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CGO_ENABLED": "0"},
+        )
+        if proc.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise JudgeBuildError(f"go build of containerd failed:\n{proc.stderr[-4000:]}")
         seconds = time.monotonic() - t0
         (tmp / "build.json").write_text(json.dumps({"key": key, "seconds": round(seconds, 1)}))
         # Older keys are stale by definition: drop them so the folder does not grow.

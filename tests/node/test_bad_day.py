@@ -1,0 +1,80 @@
+"""The bad day on the real node (issue 48 item 4): the plugin killed with SIGKILL, the
+kubelet restarted, containerd restarted, each while a pod holds a claim. The running pod
+keeps running, a new pod gets its device, and once both are deleted every claim's CDI
+spec is gone (the plugin's books agree with the kubelet's)."""
+
+from __future__ import annotations
+
+import signal
+
+from fakes.node import session as node_session
+from fakes.node.plugin import INTEL
+from fakes.podman import parse_ls
+from tests.node.conftest import MARKS
+
+pytestmark = MARKS
+
+LIST = ["ls", "-la", "/dev/dri/"]
+HOLD = ["sh", "-c", "ls -la /dev/dri/ && sleep 3600"]
+
+
+def _holder(node: node_session.Session, name: str) -> node_session.PodRun:
+    run = node_session.run_pod(
+        node, node_session.claim_pod(name, INTEL, HOLD), name, phases=("Running",)
+    )
+    node.kube.wait_for(lambda: "renderD" in node.kube.logs("default", name), 30, "holder log")
+    assert run.specs, "no CDI spec for the running pod's claim"
+    return run
+
+
+def _new_pod_gets_its_device(node: node_session.Session, name: str) -> None:
+    run = node_session.run_pod(node, node_session.claim_pod(name, INTEL, LIST), name)
+    assert any(n.startswith("renderD") for n in parse_ls(run.log)), run.log
+    node_session.delete(node, run)
+
+
+def _still_running(node: node_session.Session, run: node_session.PodRun) -> None:
+    pod = node.kube.pod("default", run.pod["metadata"]["name"])
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    [container] = pod["status"]["containerStatuses"]
+    assert container["restartCount"] == 0 and "running" in container["state"], container
+    assert all(p.exists() for p in run.specs), "a running pod's CDI spec went away"
+
+
+def _no_claim_specs_left(node: node_session.Session, runs: list[node_session.PodRun]) -> None:
+    for run in runs:
+        assert not any(p.exists() for p in run.specs)
+    uids = [c["metadata"]["uid"] for r in runs for c in r.claims]
+    left = [p.name for p in node.cdi.glob("*") if any(u in p.name for u in uids)]
+    assert not left, left
+
+
+def test_plugin_killed_while_a_pod_runs(node: node_session.Session) -> None:
+    holder = _holder(node, "holder-plugin-kill")
+    node.plugin.kill(signal.SIGKILL)
+    node.start_plugin()
+    _still_running(node, holder)
+    _new_pod_gets_its_device(node, "after-plugin-kill")
+    node_session.delete(node, holder)
+    _no_claim_specs_left(node, [holder])
+
+
+def test_kubelet_restarted_while_a_pod_runs(node: node_session.Session) -> None:
+    holder = _holder(node, "holder-kubelet")
+    mark = node.plugin_log_size()
+    node.node.restart_kubelet()
+    node.kube.wait_for(lambda: node.registered(INTEL, mark), 60, "registration after restart")
+    _still_running(node, holder)
+    _new_pod_gets_its_device(node, "after-kubelet")
+    node_session.delete(node, holder)
+    _no_claim_specs_left(node, [holder])
+
+
+def test_containerd_restarted_while_a_pod_runs(node: node_session.Session) -> None:
+    holder = _holder(node, "holder-containerd")
+    node.node.restart_containerd()
+    node.node.wait_ready()
+    _still_running(node, holder)
+    _new_pod_gets_its_device(node, "after-containerd")
+    node_session.delete(node, holder)
+    _no_claim_specs_left(node, [holder])

@@ -1,0 +1,57 @@
+"""Sharing on the real node (issue 48 item 6): examples/intel-shared-igpu.yaml as written,
+three Deployments in two namespaces, each pod with a claim of its own on the node's one
+iGPU, all three running at once with the iGPU's nodes in their containers."""
+
+from __future__ import annotations
+
+from fakes.node import session as node_session
+from fakes.node.plugin import INTEL
+from fakes.node.workloads import example
+from fakes.podman import parse_ls
+from tests.node.conftest import MARKS
+
+pytestmark = MARKS
+
+APPS = {"media-server": "media", "camera-nvr": "media", "photo-indexer": "photos"}
+
+
+def test_three_pods_share_one_igpu(node: node_session.Session) -> None:
+    objects = example("intel-shared-igpu.yaml")
+    node.kube.apply(objects)
+    specs = []
+    try:
+        pods = {}
+        for app, namespace in APPS.items():
+            found = node.kube.wait_for(
+                lambda a=app, ns=namespace: [
+                    p
+                    for p in node.kube.pods(ns, f"app={a}")
+                    if p.get("status", {}).get("phase") == "Running"
+                ],
+                180,
+                f"a Running pod of {app}",
+            )
+            pods[app] = found[0]
+        devices = set()
+        for app, pod in pods.items():
+            meta = pod["metadata"]
+            log = node.kube.wait_for(
+                lambda m=meta: node.kube.logs(m["namespace"], m["name"]), 30, f"{app}'s log"
+            )
+            assert any(n.startswith("renderD") for n in parse_ls(log)), (app, log)
+            [claim] = node.kube.claims_of(pod)
+            specs += node_session.spec_files(node.cdi, claim)
+            [result] = claim["status"]["allocation"]["devices"]["results"]
+            assert result["driver"] == INTEL
+            devices.add((result["pool"], result["device"]))
+            entries = claim["status"].get("devices", [])
+            assert any(e["device"] == result["device"] for e in entries), claim["status"]
+        assert len(devices) == 1, f"three claims, one iGPU expected: {devices}"
+        # All three running at once (none waited for another to finish).
+        for app, namespace in APPS.items():
+            phases = [p["status"]["phase"] for p in node.kube.pods(namespace, f"app={app}")]
+            assert phases == ["Running"], (app, phases)
+    finally:
+        node.kube.delete(reversed(objects), wait=180)
+    assert len(specs) >= 3, specs
+    node.kube.wait_for(lambda: not any(p.exists() for p in specs), 60, "the shares' specs gone")
