@@ -54,11 +54,12 @@ class Session:
     def plugin_log_size(self) -> int:
         return self.plugin.log.stat().st_size if self.plugin.log.exists() else 0
 
-    def start_plugin(self, timeout: float = 90.0) -> None:
-        """(Re)start the plugin; returns once it serves, publishes and is registered."""
+    def start_plugin(self, timeout: float = 90.0, env: dict[str, str] | None = None) -> None:
+        """(Re)start the plugin (`env`: settings beyond the defaults); returns once it
+        serves, publishes and is registered."""
         mark = self.plugin_log_size()
         t0 = time.monotonic()
-        self.plugin.start()
+        self.plugin.start(env)
         self.plugin.wait_serving(DRIVERS, timeout)
         for driver in DRIVERS:
             self.kube.wait_for(

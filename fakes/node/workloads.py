@@ -32,8 +32,11 @@ class WorkloadError(RuntimeError):
     """A pod failed, or did not reach the phase awaited in time."""
 
 
-def chart_device_classes(kube_version: str = "1.37.2") -> list[Obj]:
-    """The DeviceClasses `helm template charts/dra-plugin` renders with default values."""
+def chart_device_classes(
+    kube_version: str = "1.37.2", settings: tuple[str, ...] = ("amd.enabled=true",)
+) -> list[Obj]:
+    """The DeviceClasses `helm template charts/dra-plugin --set ...` renders: the defaults
+    and AMD on (as the README's install adds it), matching the plugin's VENDORS here."""
     helm = str(HELM) if os.access(HELM, os.X_OK) else "helm"
     with tempfile.TemporaryDirectory(prefix="node-helm-") as tmp:
         env = {
@@ -44,7 +47,8 @@ def chart_device_classes(kube_version: str = "1.37.2") -> list[Obj]:
             "KUBECONFIG": os.devnull,
         }
         proc = subprocess.run(
-            [helm, "template", "gpu", str(CHART), "--kube-version", kube_version],
+            [helm, "template", "gpu", str(CHART), "--kube-version", kube_version]
+            + [arg for setting in settings for arg in ("--set", setting)],
             capture_output=True,
             text=True,
             env=env,

@@ -1,20 +1,21 @@
 """The bad day on the real node (issue 48 item 4): the plugin killed with SIGKILL, the
-kubelet restarted, containerd restarted, each while a pod holds a claim. The running pod
-keeps running, a new pod gets its device, and once both are deleted every claim's CDI
-spec is gone (the plugin's books agree with the kubelet's)."""
+kubelet restarted, containerd restarted, each while a pod holds a claim on the node's
+iGPU. The running pod keeps running with its device, a new pod gets a device (an NVIDIA
+GPU: the iGPU is held), and once both are deleted every claim's CDI spec is gone (the
+plugin's books agree with the kubelet's)."""
 
 from __future__ import annotations
 
 import signal
 
 from fakes.node import session as node_session
-from fakes.node.plugin import INTEL
+from fakes.node.plugin import INTEL, NVIDIA
 from fakes.podman import parse_ls
 from tests.node.conftest import MARKS
 
 pytestmark = MARKS
 
-LIST = ["ls", "-la", "/dev/dri/"]
+LIST = ["ls", "-la", "/dev/"]
 HOLD = ["sh", "-c", "ls -la /dev/dri/ && sleep 3600"]
 
 
@@ -28,8 +29,9 @@ def _holder(node: node_session.Session, name: str) -> node_session.PodRun:
 
 
 def _new_pod_gets_its_device(node: node_session.Session, name: str) -> None:
-    run = node_session.run_pod(node, node_session.claim_pod(name, INTEL, LIST), name)
-    assert any(n.startswith("renderD") for n in parse_ls(run.log)), run.log
+    run = node_session.run_pod(node, node_session.claim_pod(name, NVIDIA, LIST), name)
+    assert parse_ls(run.log).get("nvidia0", ("",))[0] == "c", run.log
+    assert run.claims and run.specs
     node_session.delete(node, run)
 
 

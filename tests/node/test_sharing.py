@@ -1,8 +1,15 @@
 """Sharing on the real node (issue 48 item 6): examples/intel-shared-igpu.yaml as written,
 three Deployments in two namespaces, each pod with a claim of its own on the node's one
-iGPU, all three running at once with the iGPU's nodes in their containers."""
+iGPU, all three running at once with the iGPU's nodes in their containers. The example
+needs the chart's `intel.sharing.mode=shared`: the plugin runs with INTEL_SHARING=shared
+for this test and with the defaults again afterwards."""
 
 from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import pytest
 
 from fakes.node import session as node_session
 from fakes.node.plugin import INTEL
@@ -15,7 +22,19 @@ pytestmark = MARKS
 APPS = {"media-server": "media", "camera-nvr": "media", "photo-indexer": "photos"}
 
 
-def test_three_pods_share_one_igpu(node: node_session.Session) -> None:
+@pytest.fixture
+def shared(node: node_session.Session) -> Iterator[node_session.Session]:
+    node.plugin.kill(signal.SIGTERM)
+    node.start_plugin(env={"INTEL_SHARING": "shared"})
+    try:
+        yield node
+    finally:
+        node.plugin.kill(signal.SIGTERM)
+        node.start_plugin()
+
+
+def test_three_pods_share_one_igpu(shared: node_session.Session) -> None:
+    node = shared
     objects = example("intel-shared-igpu.yaml")
     node.kube.apply(objects)
     specs = []
