@@ -241,6 +241,10 @@ def restore_host(layout: Layout) -> None:
         with contextlib.suppress(OSError):
             (Path("/proc/sys") / name).write_text(value + "\n")
     if undo.get("shim_dir_existed") is False:
+        # No containerd had it before the node: every socket in it was a shim of the node's.
+        for sock in SHIM_SOCKETS.glob("*"):
+            with contextlib.suppress(OSError):
+                sock.unlink()
         for d in (SHIM_SOCKETS, SHIM_SOCKETS.parent / "fifo", SHIM_SOCKETS.parent):
             with contextlib.suppress(OSError):
                 d.rmdir()

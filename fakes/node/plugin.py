@@ -3,8 +3,9 @@ chart's DaemonSet runs, without the container around it.
 
 The GPUs are simulated: Intel and AMD cards through umockdev (the real libudev reads a
 testbed's sysfs and /dev), NVIDIA through the stand-in NVML library under a fake driver
-root. The plugin talks to the node's real kubelet through the kubelet's own plugin
-directories and writes its CDI specs into the directory the node's containerd reads.
+root (fakes/node/nvidia.py). The plugin talks to the node's real kubelet through the
+kubelet's own plugin directories and writes its CDI specs into the directory the node's
+containerd reads.
 
 NVIDIA's CDI spec names the control nodes (/dev/nvidiactl, /dev/nvidia-uvm,
 /dev/nvidia-uvm-tools) without major/minor, as their majors are dynamic: containerd stats
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from fakes.kubelet import get_info
-from fakes.node import cleanup
+from fakes.node import cleanup, nvidia
 from fakes.node.config import Layout
 from fakes.nvml_lib import build_fake_nvml
 from fakes.simnode import SimNode
@@ -69,7 +70,13 @@ class HostPlugin:
         self.sim = SimNode(profile)
         self.nvml_events = layout.work / "nvml-events"
         self.nvml_events.touch()
-        self._nvml_env = build_fake_nvml().env(nvml_profile, events=self.nvml_events)
+        fake = build_fake_nvml()
+        self._nvml_env = fake.env(nvml_profile, events=self.nvml_events)
+        # The driver root with a static nvidia-smi stand-in for the NVIDIA smoke test.
+        root = nvidia.driver_root(layout.work, fake, nvml_profile)
+        self._nvml_env["NVIDIA_DRIVER_ROOT"] = str(root)
+        library = root / fake.library.relative_to(fake.driver_root)
+        self._nvml_env["LD_LIBRARY_PATH"] = str(library.parent)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = layout.logs / "plugin.log"
         self.starts = 0

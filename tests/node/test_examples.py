@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from fakes.node import session as node_session
-from fakes.node.plugin import AMD, INTEL
+from fakes.node.plugin import AMD, INTEL, NVIDIA
 from fakes.podman import parse_ls
 from tests.node.conftest import MARKS
 
@@ -49,4 +49,22 @@ def test_amd_smoke_test(node: node_session.Session) -> None:
     assert nodes.get("/dev/kfd", ("",))[0] == "c", run.log
     [claim] = run.claims
     assert _our_entries(claim, AMD, node.node.name), claim.get("status")
+    node_session.delete(node, run)
+
+
+def test_nvidia_smoke_test(node: node_session.Session) -> None:
+    run = node_session.run_pod(node, "nvidia-smoke-test.yaml", "nvidia-gpu-smoke-test")
+    [claim] = run.claims
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert _our_entries(claim, NVIDIA, node.node.name), claim.get("status")
+    published = {
+        d["name"]: d.get("attributes", {})
+        for s in node.kube.slices(node.node.name)
+        if s["spec"]["driver"] == NVIDIA
+        for d in s["spec"].get("devices", [])
+    }
+    uuid = published[result["device"]]["uuid"]["string"]
+    # `nvidia-smi -L` (the driver root's, mounted by the claim's spec) lists exactly the
+    # one GPU the claim injected, as the README promises: "GPU 0: ... (UUID: GPU-...)".
+    assert run.log.strip().splitlines() == [f"GPU 0: NVIDIA H200 (UUID: {uuid})"], run.log
     node_session.delete(node, run)
