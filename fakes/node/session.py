@@ -144,12 +144,14 @@ def run_pod(
     *,
     phases: tuple[str, ...] = ("Succeeded",),
     timeout: float = 120.0,
+    applied: bool = False,
 ) -> PodRun:
     """Apply examples/<example_name> (or these objects) and wait for pod `pod_name` to
-    reach `phases`."""
+    reach `phases` (`applied`: the objects exist already, only wait)."""
     objects = example(example_name) if isinstance(example_name, str) else example_name
     t0 = time.monotonic()
-    session.kube.apply(objects)
+    if not applied:
+        session.kube.apply(objects)
     pod_obj = next(o for o in objects if o["kind"] == "Pod" and o["metadata"]["name"] == pod_name)
     namespace = pod_obj["metadata"].get("namespace", "default")
     # A finished pod's claims are unprepared (their specs removed) and then deleted by the
