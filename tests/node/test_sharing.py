@@ -71,6 +71,10 @@ def test_three_pods_share_one_igpu(shared: node_session.Session) -> None:
             phases = [p["status"]["phase"] for p in node.kube.pods(namespace, f"app={app}")]
             assert phases == ["Running"], (app, phases)
     finally:
-        node.kube.delete(reversed(objects), wait=180)
+        # The Deployments and templates, awaited; the namespaces after them, not awaited
+        # (the namespace controller takes tens of seconds, and the node goes at the end).
+        workloads = [o for o in reversed(objects) if o["kind"] != "Namespace"]
+        node.kube.delete(workloads, wait=180, pod_grace=1)
+        node.kube.delete([o for o in objects if o["kind"] == "Namespace"], wait=0)
     assert len(specs) >= 3, specs
     node.kube.wait_for(lambda: not any(p.exists() for p in specs), 60, "the shares' specs gone")
