@@ -191,6 +191,18 @@ def stop_processes(layout: Layout, grace: float = 10.0) -> None:
     shutil.rmtree(layout.root / "pids", ignore_errors=True)
 
 
+def kill_all_but(layout: Layout, keep: set[int]) -> None:
+    """SIGKILL every process of the node (recorded, in its cgroups, naming its directory)
+    except `keep` (a reboot keeps the control plane, which is another machine)."""
+    for _ in range(20):
+        left = set(_recorded_pids(layout)) | _cgroup_pids() | _naming_root(layout)
+        left -= _ancestors() | keep
+        if not left:
+            return
+        _kill(left, signal.SIGKILL)
+        time.sleep(0.2)
+
+
 def mounts_under(root: Path) -> list[str]:
     prefix = str(root).rstrip("/") + "/"
     found = []

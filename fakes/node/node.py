@@ -222,6 +222,28 @@ class Node:
         self.start_kubelet()
         self.wait_ready()
 
+    def reboot(self) -> None:
+        """The node's machine rebooted: every node process killed (containerd, its shims
+        and containers, the kubelet; the plugin is the caller's), every mount gone, `/run`
+        emptied (containerd's state, runc's root, the network namespaces), the cgroups and
+        the bridge gone; then containerd and the kubelet start again on the disk state
+        (the kubelet's directory, the CDI root). The control plane is another machine."""
+        for name in ("kubelet", "containerd"):
+            self.stop(name, kill=True)
+        keep = {p.pid for p in self.procs.values()} | {self.api._proc.pid}
+        cleanup.kill_all_but(self.layout, keep)
+        cleanup.unmount_all(self.layout.root)
+        for run_dir in (self.layout.containerd / "state", self.layout.runc_root):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        cleanup.remove_cgroups()
+        subprocess.run(["ip", "link", "del", config.BRIDGE], capture_output=True)
+        cleanup.make_cgroup_root()
+        for command in config.bridge_commands():
+            subprocess.run(command, check=True, capture_output=True)
+        self.procs["containerd"] = _start_containerd(self.layout, self.binaries)
+        self.start_kubelet()
+        self.wait_ready()
+
     # --- state -------------------------------------------------------------------------
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         deadline = time.monotonic() + timeout

@@ -11,6 +11,7 @@ them; `delete(...)` then removes it all, and says whether the specs went with it
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,12 @@ class Session:
                 lambda d=driver: self.registered(d, mark), timeout, f"kubelet registered {driver}"
             )
         self.seconds["plugin"] = time.monotonic() - t0
+
+    def reboot(self) -> None:
+        """Node.reboot() with the plugin killed first and started again after."""
+        self.plugin.kill(signal.SIGKILL)
+        self.node.reboot()
+        self.start_plugin()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

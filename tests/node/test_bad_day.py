@@ -80,3 +80,33 @@ def test_containerd_restarted_while_a_pod_runs(node: node_session.Session) -> No
     _new_pod_gets_its_device(node, "after-containerd")
     node_session.delete(node, holder)
     _no_claim_specs_left(node, [holder])
+
+
+def test_node_rebooted_while_a_pod_runs(node: node_session.Session) -> None:
+    """Every node process killed, every mount and /run gone, all started again: the pod
+    (restartPolicy Always) runs again in a new sandbox with its device, on the same claim."""
+    name = "holder-reboot"
+    objects = node_session.claim_pod(name, INTEL, HOLD)
+    objects[1]["spec"]["restartPolicy"] = "Always"
+    holder = node_session.run_pod(node, objects, name, phases=("Running",))
+    assert holder.specs
+    before = holder.pod["status"]["containerStatuses"][0]["containerID"]
+    node.reboot()
+
+    def running_again() -> bool:
+        pod = node.kube.pod("default", name)
+        [status] = pod["status"].get("containerStatuses", [{}])
+        return status.get("containerID") != before and "running" in status.get("state", {})
+
+    node.kube.wait_for(running_again, 120, "the pod running again after the reboot")
+    claims = node.kube.claims_of(node.kube.pod("default", name))
+    assert [c["metadata"]["uid"] for c in claims] == [
+        c["metadata"]["uid"] for c in holder.claims
+    ], "the pod got a new claim"
+    assert all(p.exists() for p in holder.specs), "the running pod's CDI spec is gone"
+    node.kube.wait_for(
+        lambda: "renderD" in node.kube.logs("default", name), 30, "the restarted pod's log"
+    )
+    _new_pod_gets_its_device(node, "after-reboot")
+    node_session.delete(node, holder)
+    _no_claim_specs_left(node, [holder])
