@@ -270,6 +270,19 @@ def restore_host(layout: Layout) -> None:
                 CONTAINER_LOG_LINKS.rmdir()
 
 
+def leftovers(layout: Layout) -> list[str]:
+    """What of the node is still there after teardown (empty: nothing; logs excepted)."""
+    found = [f"process {pid}" for pid in sorted(set(_recorded_pids(layout)) | _cgroup_pids())]
+    found += [f"process {pid} naming {layout.root}" for pid in sorted(_naming_root(layout))]
+    found += [f"mount {m}" for m in mounts_under(layout.root)]
+    found += [f"cgroup {d}" for d in cgroup_dirs()]
+    if Path(f"/sys/class/net/{BRIDGE}").exists():
+        found.append(f"network interface {BRIDGE}")
+    if layout.root.exists():
+        found += [f"file {p}" for p in layout.root.iterdir() if p != layout.logs]
+    return found
+
+
 def teardown(layout: Layout, *, keep_logs: bool = True) -> None:
     """Everything the node made goes; its logs stay (for a failed test's report)."""
     if not layout.root.exists():

@@ -31,6 +31,7 @@ class Session:
     plugin: HostPlugin
     kube: Cluster
     seconds: dict[str, float] = field(default_factory=dict)
+    device_nodes: list[str] = field(default_factory=list)  # made on the host for the node
 
     @property
     def cdi(self) -> Path:
@@ -88,9 +89,9 @@ def start(root: Path = DEFAULT_ROOT, **plugin_options: Any) -> Session:
     try:
         kube = Cluster(node.api)
         kube.apply(chart_device_classes())
-        hostplugin.make_nvidia_nodes(node.layout)
+        made = hostplugin.make_nvidia_nodes(node.layout)
         plugin = HostPlugin(node.layout, node.kubeconfig, node.name, **plugin_options)
-        session = Session(node, plugin, kube)
+        session = Session(node, plugin, kube, device_nodes=made)
         session.start_plugin()
         return session
     except BaseException:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from fakes.judges import build
+from fakes.node import cleanup
 from fakes.node import session as node_session
 from fakes.node.node import NodeBusy, missing_prerequisites
 from fakes.simnode import unavailable_reason
@@ -51,6 +52,9 @@ def node_session_() -> Iterator[node_session.Session]:
         yield s
     finally:
         s.close()
+    # Taken down completely: a later run (or another user's) finds nothing of this one.
+    assert not cleanup.leftovers(s.node.layout)
+    assert not [p for p in s.device_nodes if os.path.exists(p)], "device nodes left"
 
 
 @pytest.fixture

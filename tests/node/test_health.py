@@ -5,6 +5,7 @@ GPU lost (`lost 1`: its second GPU, gpu-3) and recovered through its events file
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 from fakes.node import session as node_session
@@ -70,3 +71,41 @@ def test_an_unhealthy_gpu_is_kept_from_new_pods_until_it_recovers(
     assert _device(second) == SICK
     for run in (first, second):
         node_session.delete(node, run)
+
+
+def test_no_execute_evicts_the_pod_of_an_unhealthy_gpu(node: node_session.Session) -> None:
+    """With HEALTH_TAINT_EFFECT=NoExecute the real controller-manager's device-taint
+    eviction removes the pod using the GPU, and the claim's spec goes with it."""
+    node.plugin.kill(signal.SIGTERM)
+    node.start_plugin(env={"HEALTH_TAINT_EFFECT": "NoExecute"})
+    events = node.plugin.nvml_events
+    index = None
+    try:
+        run = node_session.run_pod(
+            node, node_session.claim_pod("evicted", NVIDIA, HOLD), "evicted", phases=("Running",)
+        )
+        device = _device(run)
+        index = {"gpu-0": 0, SICK: 1}[device]
+        with events.open("a") as f:
+            f.write(f"lost {index}\n")
+        node.kube.wait_for(lambda: _taints(node, device), 60, f"{device} tainted")
+
+        def evicted() -> bool:
+            resp = node.node.api.request("GET", "/api/v1/namespaces/default/pods/evicted")
+            return resp.status == 404 or any(
+                c.get("type") == "DisruptionTarget"
+                for c in resp.body.get("status", {}).get("conditions", [])
+            )
+
+        node.kube.wait_for(evicted, 90, "the pod evicted")
+        node.kube.delete(run.objects, wait=120)
+        node.kube.wait_for(
+            lambda: not any(p.exists() for p in run.specs), 60, "the evicted claim's spec gone"
+        )
+    finally:
+        if index is not None:
+            with events.open("a") as f:
+                f.write(f"recover {index}\n")
+        node.plugin.kill(signal.SIGTERM)
+        node.start_plugin()
+    node.kube.wait_for(lambda: not any(_taints(node, d) for d in ("gpu-0", SICK)), 60, "untainted")
