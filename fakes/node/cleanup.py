@@ -175,7 +175,7 @@ def _kill(pids: set[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def stop_processes(layout: Layout, grace: float = 10.0) -> None:
+def stop_processes(layout: Layout, grace: float = 5.0) -> None:
     first = set(_recorded_pids(layout))
     _kill(first, signal.SIGTERM)
     deadline = time.monotonic() + grace

@@ -16,8 +16,10 @@ import contextlib
 import fcntl
 import os
 import shutil
+import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -82,6 +84,7 @@ class Node:
     seconds: dict[str, float] = field(default_factory=dict)
     _lock: IO[str] | None = None
     name: str = NODE_NAME
+    healthz_port: int = 0
 
     # --- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -189,7 +192,8 @@ class Node:
     def start_kubelet(self) -> None:
         layout = self.layout
         cfg = layout.work / "kubelet.yaml"
-        cfg.write_text(config.kubelet_yaml(layout, free_port(), free_port()))
+        self.healthz_port = free_port()
+        cfg.write_text(config.kubelet_yaml(layout, free_port(), self.healthz_port))
         self._spawn(
             "kubelet",
             [
@@ -246,7 +250,14 @@ class Node:
 
     # --- state -------------------------------------------------------------------------
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until this kubelet answers /healthz and the node is Ready (a restarted kubelet's
+        node can still be Ready from the one before)."""
         deadline = time.monotonic() + timeout
+        while not _healthy(self.healthz_port):
+            self.check_running()
+            if time.monotonic() > deadline:
+                raise NodeError(f"the kubelet is not healthy in {timeout:.0f}s:\n{self.tails()}")
+            time.sleep(0.2)
         while True:
             self.check_running()
             resp = self.api.request("GET", f"/api/v1/nodes/{self.name}")
@@ -271,6 +282,21 @@ class Node:
 
     def tails(self) -> str:
         return "\n".join(f"--- {n}\n{self.tail(n, 15)}" for n in self.procs)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+def _answers(socket_path: Path) -> bool:
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(socket_path))
+        return True
+    return False
 
 
 def _lock(root: Path) -> IO[str]:
@@ -310,6 +336,8 @@ def _start_containerd(layout: Layout, binaries: build.Built) -> subprocess.Popen
     (layout.cni_conf / "10-dra-node.conflist").write_text(config.cni_conflist())
     # containerd finds its shim on PATH.
     path = os.pathsep.join([str(binaries.dir), os.environ.get("PATH", "/usr/sbin:/usr/bin")])
+    # A killed containerd leaves its socket behind: wait for a new one that answers.
+    layout.containerd_socket.unlink(missing_ok=True)
     proc = _spawn(
         layout,
         "containerd",
@@ -317,7 +345,7 @@ def _start_containerd(layout: Layout, binaries: build.Built) -> subprocess.Popen
         {**os.environ, "PATH": path},
     )
     deadline = time.monotonic() + 60
-    while not layout.containerd_socket.exists():
+    while not _answers(layout.containerd_socket):
         if proc.poll() is not None or time.monotonic() > deadline:
             tail = (layout.logs / "containerd.log").read_text(errors="replace")[-3000:]
             raise NodeError(f"containerd did not start:\n{tail}")

@@ -104,6 +104,9 @@ class HostPlugin:
 
     def start(self, extra: Mapping[str, str] | None = None) -> None:
         self.starts += 1
+        # The stand-in NVML replays its events file from the start: a new process must not
+        # relive an earlier one's lost and recovered GPUs (a GPU's health is its present).
+        self.nvml_events.write_text("")
         with self.log.open("ab") as out:
             out.write(f"==== start {self.starts}\n".encode())
             out.flush()
