@@ -6,7 +6,8 @@ runc, and `dra-plugin run` as a host process on a simulated GPU node.
 - images.py: the sandbox and busybox images, made locally as OCI archives;
 - cleanup.py: taking a node (or a killed run's leftovers) down completely;
 - node.py: bringing the node up and its components' lifecycle;
-- plugin.py: the plugin as a host process on the simulated GPUs;
+- plugin.py: the plugin as a host process on the simulated GPUs; nvidia.py: its NVIDIA
+  driver root (the stand-in NVML and a static nvidia-smi);
 - workloads.py: what a user does with kubectl: DeviceClasses from the chart, the
   examples applied, pods awaited, logs, claims and CDI specs read;
 - __main__.py: `python -m fakes.node smoke|up|down`.

@@ -14,6 +14,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,10 +46,14 @@ def _smoke(root: Path) -> int:
 
 
 def _up(root: Path) -> int:
+    # Handlers, not a blocked mask: the node's processes would inherit a mask.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     s = node_session.start(root)
     try:
         print(f"node {s.node.name} Ready; KUBECONFIG={s.node.kubeconfig}; Ctrl-C takes it down")
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        stop.wait()
         return 0
     finally:
         s.close()
@@ -68,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m fakes.node: this machine lacks: " + "; ".join(missing), file=sys.stderr)
         return 2
     if args.command == "up":
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         return _up(args.root)
     return _smoke(args.root)
 
