@@ -20,7 +20,14 @@ from typing import Any
 from fakes.node import plugin as hostplugin
 from fakes.node.node import DEFAULT_ROOT, Node
 from fakes.node.plugin import AMD, INTEL, NVIDIA, HostPlugin
-from fakes.node.workloads import Cluster, Obj, WorkloadError, chart_device_classes, example
+from fakes.node.workloads import (
+    Cluster,
+    Obj,
+    WorkloadError,
+    chart_device_classes,
+    claim_names,
+    example,
+)
 
 DRIVERS = (INTEL, NVIDIA, AMD)
 
@@ -182,10 +189,7 @@ class Seen:
 
     def look(self, pod: Obj) -> None:
         namespace = pod["metadata"]["namespace"]
-        for entry in pod.get("status", {}).get("resourceClaimStatuses", []):
-            name = entry.get("resourceClaimName")
-            if not name:
-                continue
+        for name in claim_names(pod):
             path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
             resp = self.session.node.api.request("GET", path)
             if resp.status != 200:

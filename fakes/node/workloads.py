@@ -99,11 +99,14 @@ class Cluster:
                 obj = {**obj, "metadata": {**obj["metadata"], "namespace": namespace_of(obj)}}
                 namespaces.add(namespace_of(obj))
             path = f"{collection_path(obj)}/{obj['metadata']['name']}"
-            resp = self.api.request(
-                "DELETE",
-                path,
-                {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Foreground"},
-            )
+            options = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Foreground",
+            }
+            if obj["kind"] == "Pod" and pod_grace is not None:
+                options["gracePeriodSeconds"] = pod_grace
+            resp = self.api.request("DELETE", path, options)
             if resp.status not in (200, 202, 404):
                 raise WorkloadError(f"DELETE {path}: {resp.status} {resp.body}")
             paths.append(path)
@@ -200,16 +203,28 @@ class Cluster:
         return resp.body if isinstance(resp.body, str) else json.dumps(resp.body)
 
     def claims_of(self, pod: Obj) -> list[Obj]:
-        """The pod's ResourceClaims, by the names its status gives them."""
+        """The pod's ResourceClaims (named in its spec, or made from a template)."""
         namespace = pod["metadata"]["namespace"]
-        out = []
-        for entry in pod.get("status", {}).get("resourceClaimStatuses", []):
-            out.append(
-                self.api.get(
-                    f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{entry['resourceClaimName']}"
-                )
-            )
-        return out
+        return [
+            self.api.get(f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}")
+            for name in claim_names(pod)
+        ]
 
     def slices(self, node: str) -> list[Obj]:
         return self.api.slices(node)
+
+
+def claim_names(pod: Obj) -> list[str]:
+    """Names of the pod's claims: those its spec names and those made from its templates
+    (the pod's status says which)."""
+    names = [
+        c["resourceClaimName"]
+        for c in pod.get("spec", {}).get("resourceClaims", [])
+        if c.get("resourceClaimName")
+    ]
+    names += [
+        c["resourceClaimName"]
+        for c in pod.get("status", {}).get("resourceClaimStatuses", [])
+        if c.get("resourceClaimName")
+    ]
+    return names

@@ -78,3 +78,61 @@ def test_three_pods_share_one_igpu(shared: node_session.Session) -> None:
         node.kube.delete([o for o in objects if o["kind"] == "Namespace"], wait=0)
     assert len(specs) >= 3, specs
     node.kube.wait_for(lambda: not any(p.exists() for p in specs), 60, "the shares' specs gone")
+
+
+def _shared_example(
+    node: node_session.Session, name: str, env: dict[str, str], pods: list[str]
+) -> dict[str, str]:
+    """Apply examples/<name> with the plugin started with `env`; the pods' logs once all
+    run; then delete it all and see the claims' specs go."""
+    node.plugin.kill(signal.SIGTERM)
+    node.start_plugin(env=env)
+    objects = example(name)
+    namespace = next(o["metadata"]["name"] for o in objects if o["kind"] == "Namespace")
+    logs: dict[str, str] = {}
+    specs = []
+    try:
+        node.kube.apply(objects)
+        for pod in pods:
+            run = node_session.run_pod(node, objects, pod, phases=("Running",), applied=True)
+            specs += run.specs
+        for pod in pods:
+            logs[pod] = node.kube.wait_for(
+                lambda p=pod: node.kube.logs(namespace, p).strip(), 30, f"{pod}'s log"
+            )
+        for claim in node.kube.claims_of(node.kube.pod(namespace, pods[0])):
+            assert claim["status"].get("devices"), claim["status"]
+    finally:
+        workloads = [o for o in reversed(objects) if o["kind"] != "Namespace"]
+        node.kube.delete(workloads, wait=120, pod_grace=1)
+        node.kube.delete([o for o in objects if o["kind"] == "Namespace"], wait=0)
+        node.plugin.kill(signal.SIGTERM)
+        node.start_plugin()
+    assert len(specs) >= len(pods)
+    node.kube.wait_for(lambda: not any(p.exists() for p in specs), 60, "the shares' specs gone")
+    return logs
+
+
+def test_two_pods_share_one_amd_gpu_on_compute_units_of_their_own(
+    node: node_session.Session,
+) -> None:
+    logs = _shared_example(
+        node, "amd-shared-gpu.yaml", {"AMD_SHARING": "shared"}, ["rocm-default", "rocm-32cu"]
+    )
+    masks = {}
+    for pod, log in logs.items():
+        lines = log.splitlines()
+        assert lines[0].startswith("HSA_CU_MASK=0:") and lines[1] == "/dev/kfd", (pod, log)
+        first, last = lines[0].split(":")[1].split("-")
+        masks[pod] = set(range(int(first), int(last) + 1))
+    assert len(masks["rocm-32cu"]) == 32, masks
+    assert not masks["rocm-default"] & masks["rocm-32cu"], masks
+
+
+def test_two_pods_share_one_nvidia_gpu(node: node_session.Session) -> None:
+    env = {"NVIDIA_SHARING": "shared", "NVIDIA_SHARED_MEMORY": "true"}
+    logs = _shared_example(node, "nvidia-shared-gpu.yaml", env, ["llm-small", "llm-8gi"])
+    lines = {pod: log.splitlines() for pod, log in logs.items()}
+    assert lines["llm-small"] == lines["llm-8gi"], lines
+    [line] = lines["llm-small"]
+    assert line.startswith("GPU 0: NVIDIA H200 (UUID: GPU-"), line
