@@ -215,8 +215,8 @@ class Cluster:
 
 
 def claim_names(pod: Obj) -> list[str]:
-    """Names of the pod's claims: those its spec names and those made from its templates
-    (the pod's status says which)."""
+    """Names of the pod's claims: those its spec names, those made from its templates and
+    the one made for its extended resources (the pod's status says which)."""
     names = [
         c["resourceClaimName"]
         for c in pod.get("spec", {}).get("resourceClaims", [])
@@ -227,4 +227,8 @@ def claim_names(pod: Obj) -> list[str]:
         for c in pod.get("status", {}).get("resourceClaimStatuses", [])
         if c.get("resourceClaimName")
     ]
+    # The claim the scheduler made for the pod's extended resources (KEP-5004).
+    extended = pod.get("status", {}).get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):
+        names.append(extended["resourceClaimName"])
     return names
