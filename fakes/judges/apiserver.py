@@ -251,6 +251,7 @@ def start(
     workdir: Path | None = None,
     root: Path | None = None,
     timeout: float = START_TIMEOUT_S,
+    extra_args: tuple[str, ...] = (),
 ) -> ApiServer:
     """Build (if needed) and start a judge; returns once /readyz is ok.
 
@@ -258,6 +259,7 @@ def start(
     release's feature-gate defaults and served APIs apply. `runtime_config`: e.g.
     "resource.k8s.io/v1beta2=true" (default: what a default cluster serves, v1 only).
     `root`: a directory an earlier judge used (its etcd data is kept), else a new one.
+    `extra_args`: more kube-apiserver flags (the real node's: how to reach its kubelet).
     """
     binary = build.build().binary("apiserver")
     if root is None:
@@ -274,7 +276,7 @@ def start(
         args.append(f"--runtime-config={runtime_config}")
     # As kubeadm and every distribution set it: the plugin's DaemonSet (NVIDIA) and its
     # MPS control daemons are privileged pods (kube-apiserver's own default refuses them).
-    args += ["--", "--allow-privileged=true"]
+    args += ["--", "--allow-privileged=true", *extra_args]
     t0 = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -1,0 +1,18 @@
+// Command kube-controller-manager is the real kube-controller-manager of k8s.io/kubernetes
+// (the version go.mod pins), for the single-node tests (fakes/node): its resourceclaim
+// controller makes a pod's claims from their templates.
+package main
+
+import (
+	"os"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kube-controller-manager/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewControllerManagerCommand()))
+}
