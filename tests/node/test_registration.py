@@ -5,14 +5,13 @@ The plugin is stopped and the node's slices removed (a first start, as on a new 
 pod with an Intel claim is created (it waits, unschedulable: no devices), then the plugin
 starts. The scheduler allocates the moment the first slice appears; the kubelet must not
 report `DRA driver gpu.intel.com is not registered` for the pod (it would then wait for
-the kubelet's retry, about 12 s)."""
+the kubelet's retry, about 12 s). The plugin publishes a node's first slices only once
+the kubelet has confirmed its registration (running/registration.py)."""
 
 from __future__ import annotations
 
 import signal
 import threading
-
-import pytest
 
 from fakes.node import session as node_session
 from fakes.node.plugin import INTEL
@@ -23,11 +22,6 @@ pytestmark = MARKS
 LIST = ["ls", "-la", "/dev/dri/"]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the registration gap (slices before the kubelet's confirmation) is closed in "
-    "dra_plugin by branch i48chart; until that merges the kubelet may refuse the pod once",
-)
 def test_a_pod_waiting_for_the_plugin_is_not_refused(
     node: node_session.Session,
 ) -> None:
