@@ -27,7 +27,7 @@ from dra_plugin.kubeapi import KubeAPI
 from dra_plugin.running.workloads import LoopWorkloads
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import as_driver
-from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
+from dra_plugin.vendors.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.model import NVIDIA
 from dra_plugin.vendors.nvidia.mps import MpsStep
 from dra_plugin.vendors.nvidia.mpslimits import MpsOptions

@@ -17,7 +17,7 @@ from dra_plugin.vendors.claimcontext import (
     NotRecordable,
     VendorEntry,
 )
-from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
+from dra_plugin.vendors.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.migentry import BadEntry, Instance, Target, decode, recorded
 
 GPU = "GPU-12345678-1234-1234-1234-123456780000"

@@ -26,7 +26,6 @@ from dra_plugin.vendors.amd.doctor import check_amd
 from dra_plugin.vendors.amd.ids import AMD, PCI_VENDOR_ID
 from dra_plugin.vendors.amd.modeswitch import ModeSwitch
 from dra_plugin.vendors.amd.ras import RasWatcher
-from dra_plugin.vendors.amd.steps import AmdSteps
 from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
 from dra_plugin.vendors.base import (
     Discovered,
@@ -49,6 +48,7 @@ from dra_plugin.vendors.basicsettings import (
     vfio_option,
 )
 from dra_plugin.vendors.claimcontext import ClaimContext, ShareCondition, VendorEntry
+from dra_plugin.vendors.claimsteps import ClaimSteps
 from dra_plugin.vendors.workloads import Workloads
 
 log = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ class AmdDriver(Driver):
             steps.append(self.switch)
         if self.sharing is not None:
             steps.append(CuBook(state_dir))
-        return AmdSteps(steps) if steps else None
+        return ClaimSteps(steps) if steps else None
 
     def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:
         total = device.caps.get(cumask.CAPACITY, 0)

@@ -32,8 +32,8 @@ from dra_plugin.vendors.claimcontext import (
     ShareCondition,
     VendorEntry,
 )
+from dra_plugin.vendors.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia import cdi, claimconfigs, configs, mpslimits, nvml, vfio
-from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
 from dra_plugin.vendors.nvidia.doctor import NVIDIA_MODULES, check_nvidia
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.model import NVIDIA, PCI_VENDOR_ID

@@ -9,7 +9,7 @@ import pytest
 from dra_plugin.devices import Device
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
-from dra_plugin.vendors.nvidia.claimsteps import ClaimSteps
+from dra_plugin.vendors.claimsteps import ClaimSteps
 
 
 class Step:

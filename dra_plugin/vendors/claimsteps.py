@@ -1,8 +1,9 @@
-"""The NVIDIA driver's per-claim steps as one `OnDemand` hook: MIG instances made on
-demand, and the sharing a claim's config asks for, each a step of its own.
+"""A driver's per-claim steps as one `OnDemand` hook, for every vendor with more than one
+(partitions made on demand, a sharing mode set on the GPU, a per-claim daemon, compute
+units booked for a share: each a step of its own, in its vendor's folder).
 
-The core knows one hook per driver (vendors.base.OnDemand). NVIDIA has several things to
-do to a GPU when a claim is prepared and to undo when it is unprepared, so they run here
+The core knows one hook per driver (vendors.base.OnDemand). A vendor with several things
+to do to a GPU when a claim is prepared, and to undo when it is unprepared, runs them here
 in a fixed order: `make` in the order given (a later step sees the devices and the vendor
 entries the earlier ones returned), `release` in reverse, `reconcile` for each. A step
 that fails undoes its own part (the OnDemand contract); the steps before it are released
@@ -23,7 +24,7 @@ from dra_plugin.devices import Device
 from dra_plugin.vendors.base import Made, MakeError, OnDemand
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 
-ENTRY_VERSION = 1  # the "v" of the NVIDIA vendor entry
+ENTRY_VERSION = 1  # the "v" a merged vendor entry carries when no step set one
 
 
 def merged(old: VendorEntry | None, new: VendorEntry) -> VendorEntry:
