@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from fakes.judges import helmenv
 from fakes.judges.apiserver import ApiServer, collection_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,13 +40,7 @@ def chart_device_classes(
     and AMD on (as the README's install adds it), matching the plugin's VENDORS here."""
     helm = str(HELM) if os.access(HELM, os.X_OK) else "helm"
     with tempfile.TemporaryDirectory(prefix="node-helm-") as tmp:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HELM_CONFIG_HOME": f"{tmp}/config",
-            "HELM_CACHE_HOME": f"{tmp}/cache",
-            "HELM_DATA_HOME": f"{tmp}/data",
-            "KUBECONFIG": os.devnull,
-        }
+        env = helmenv.isolated(tmp)
         proc = subprocess.run(
             [helm, "template", "gpu", str(CHART), "--kube-version", kube_version]
             + [arg for setting in settings for arg in ("--set", setting)],

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from fakes.judges import helmenv
 from fakes.judges.apiserver import ApiServer, JudgeError, Obj
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,13 +54,7 @@ def render_chart(*, values: Obj | None = None, kube_version: str = "1.37.2") -> 
             vfile = Path(tmp) / "values.yaml"
             vfile.write_text(yaml.safe_dump(values))
             args += ["--values", str(vfile)]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HELM_CONFIG_HOME": f"{tmp}/config",
-            "HELM_CACHE_HOME": f"{tmp}/cache",
-            "HELM_DATA_HOME": f"{tmp}/data",
-            "KUBECONFIG": os.devnull,
-        }
+        env = helmenv.isolated(tmp)
         proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=60)
     if proc.returncode != 0:
         raise JudgeError(f"helm template failed: {proc.stderr}")
