@@ -1,8 +1,12 @@
 """Suite-wide options and fixtures: slow tests run only when asked for with --slow (CI
-asks); `harness` is the claim preparer's world most claim tests start from."""
+asks); the run is spread over worker processes (pytest-xdist, `-n auto` in pyproject.toml:
+twice the CPUs, since most tests wait on processes and sockets; `-n 0` runs in one
+process); `harness` is the claim preparer's world most claim tests start from."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +25,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Tests that share one thing a machine has once run in one worker, one after another:
+# the real node (root, its fixed state directory, its bridge and cgroups) and the image
+# (built once per run, then run by each test).
+ONE_WORKER = {"node": "tests/node/", "image": "tests/image/"}
+# Unix socket paths are limited to 107 bytes and podman's runroot to 50: the run's base
+# temporary directory is kept short (pytest's own, plus the worker's name, is not).
+SHORT_TMP = Path("/tmp")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cpus = len(os.sched_getaffinity(0))
+    return max(2, min(8, 2 * cpus))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        # One per checkout (concurrent runs of two checkouts never share one); like
+        # pytest's own, it is emptied when the next run of the same checkout starts.
+        key = hashlib.sha256(str(config.rootpath).encode()).hexdigest()[:8]
+        config.option.basetemp = str(SHORT_TMP / f"dra-t-{key}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for group, prefix in ONE_WORKER.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--slow"):
         return
     # Reported as skipped, with the way to run them, never silently passed.
