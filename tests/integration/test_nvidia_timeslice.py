@@ -380,3 +380,31 @@ def test_the_old_book_is_read_once_its_gpus_of_claims_gone_reset_and_it_is_retir
     assert smi.gpu(GPU0)["timeslice"] == 3
     assert unprepare(node, long) == ""
     assert smi.gpu(GPU0)["timeslice"] == 0
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_record_keeps_what_each_claim_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """The record is the one store of the time-slice: damaged, it is rebuilt from the
+    records beside the specs, which carry each claim's entry, so the GPU is still set back
+    when its claim goes."""
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-3"})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == 3
+    for name in ("checkpoint.json", "checkpoint.journal"):
+        path = tmp_path / "state" / name
+        if damage == "missing":
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            path.write_text("damaged")
+    node = make()
+    start(node)
+    assert vendor_entries(tmp_path, ref(obj).uid)["gpu-3"]["timeslice"]["gpu"] == GPU1
+    assert smi.gpu(GPU1)["timeslice"] == 3
+    assert unprepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == 0
