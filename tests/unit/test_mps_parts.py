@@ -213,7 +213,6 @@ def test_a_shares_status_says_whether_mps_holds_it_and_how_it_can_escape() -> No
 
 
 def test_multi_user_needs_volta_or_newer() -> None:
-    from dataclasses import replace
 
     from dra_plugin.devices import Version
     from dra_plugin.vendors.nvidia.mpslimits import volta_or_newer
@@ -260,15 +259,16 @@ def test_which_devices_want_which_daemon(
     from dra_plugin.vendors.base import MakeError
     from dra_plugin.vendors.claimcontext import ClaimContext
     from dra_plugin.vendors.nvidia.mpslimits import wanted
+    from dra_plugin.vendors.nvidia.partitions import PlacementDevice, Target
     from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 
     devices = {
         "gpu-0": _dev("gpu-0", "gpu", UUID),
         "mig-0": _dev("mig-0", "mig", "MIG-00000000-bbbb-4ccc-8ddd-000000000000"),
         "vfio-0": _dev("vfio-0", "vfio", "GPU-vfio"),
-        "placed-0": replace(  # a MIG placement made on demand (NVIDIA_MIG_PARTITIONS)
-            _dev("placed-0", "mig", "MIG-11111111-bbbb-4ccc-8ddd-000000000001"),
-            extra=(("placement", f"{UUID},0,19,0,1,1"),),
+        "placed-0": PlacementDevice(  # a MIG placement made on demand (NVIDIA_MIG_PARTITIONS)
+            **vars(_dev("placed-0", "mig", "MIG-11111111-bbbb-4ccc-8ddd-000000000001")),
+            target=Target(UUID, 0, 19, 0, 1, 1),
         ),
     }
     claim = ClaimContext("11111111-0000-4000-8000-000000000001", "ns", "c", ("r",), (allocated,))
