@@ -5,8 +5,9 @@ process); `harness` is the claim preparer's world most claim tests start from.""
 
 from __future__ import annotations
 
-import hashlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,8 @@ ONE_WORKER = {"node": "tests/node/", "image": "tests/image/"}
 # Unix socket paths are limited to 107 bytes and podman's runroot to 50: the run's base
 # temporary directory is kept short (pytest's own, plus the worker's name, is not).
 SHORT_TMP = Path("/tmp")
+_MADE_BASETEMP = pytest.StashKey[Path]()
+_PASSED = pytest.StashKey[bool]()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -41,10 +44,20 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
-        # One per checkout (concurrent runs of two checkouts never share one); like
-        # pytest's own, it is emptied when the next run of the same checkout starts.
-        key = hashlib.sha256(str(config.rootpath).encode()).hexdigest()[:8]
-        config.option.basetemp = str(SHORT_TMP / f"dra-t-{key}")
+        # A fresh one per run, so runs side by side never share one (pytest empties a
+        # given basetemp first); removed when the run passes, kept to look at otherwise.
+        config.option.basetemp = tempfile.mkdtemp(prefix="dra-t", dir=SHORT_TMP)
+        config.stash[_MADE_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_MADE_BASETEMP, None)
+    if made is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_PASSED] = exitstatus == 0
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
