@@ -84,9 +84,14 @@ class Simulation:
     driver_root: Path = Path()
 
     def close(self) -> None:
-        testbed = self.dir / "testbed"
-        if os.path.ismount(testbed):
-            subprocess.run(["umount", "-l", str(testbed)], capture_output=True)
+        """Unmount the testbed, then remove the directory. Never remove it while anything
+        is mounted under it: that would delete the testbed itself (the host plugin's GPUs)
+        through the bind mount. (os.path.ismount cannot tell a bind mount from the same
+        filesystem: /proc's mount table decides.)"""
+        for point in sorted(cleanup.mounts_under(self.dir), key=len, reverse=True):
+            subprocess.run(["umount", point], capture_output=True)
+        if cleanup.mounts_under(self.dir):
+            raise ChartError(f"{self.dir} still has mounts: {cleanup.mounts_under(self.dir)}")
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -147,6 +147,7 @@ class Arrivals:
 
     def __init__(self, session: node_session.Session) -> None:
         self.session = session
+        self.started: list[str] = []
         self.done: list[str] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -158,6 +159,7 @@ class Arrivals:
         while not self._stop.is_set():
             name = f"arrival-{i}"
             i += 1
+            self.started.append(name)
             try:
                 objects = node_session.claim_pod(name, NVIDIA, LIST)
                 run = node_session.run_pod(self.session, objects, name, timeout=120)
@@ -246,7 +248,12 @@ def test_rolling_update_while_a_pod_holds_a_claim(
     assert not arrivals.errors, arrivals.errors
     assert overlap.is_set(), "the new plugin pod never served beside the old one (maxSurge)"
     events = s.node.api.ok("GET", "/api/v1/namespaces/default/events")["items"]
-    refused = [e["message"] for e in events if "not registered" in e.get("message", "")]
+    ours = {*arrivals.started, name}
+    refused = [
+        e["message"]
+        for e in events
+        if e["involvedObject"]["name"] in ours and "not registered" in e.get("message", "")
+    ]
     assert not refused, refused
 
     pod = kube.pod("default", name)
