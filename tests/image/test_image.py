@@ -2,7 +2,8 @@
 
 The base is made here: `debootstrap --variant=minbase bookworm` (from the machine's
 Debian mirror), its apt caches dropped, imported into podman as localhost/debian-base.
-The Dockerfile is built on it with `--build-arg BASE_IMAGE=...` and the container then
+The Dockerfile is built on it with `--build-arg BASE_IMAGE=...` (fakes/imagebuild.py, which
+the real node's chart test builds the same image with) and the container then
 runs `dra-plugin --help`, `discover`, and `run` against the fake API server (in this
 process, on 127.0.0.1) until SIGTERM, with `--read-only` and the kubelet and CDI
 directories mounted as the chart mounts them.
