@@ -194,10 +194,9 @@ class Release:
             pod: Obj = kube.wait_for(serving, timeout, "the chart's plugin pod serving")
         except WorkloadError as exc:
             raise ChartError(f"{exc}\n{self.describe()}") from None
-        for driver in DRIVERS:
-            kube.wait_for(
-                lambda d=driver: self.session.published(d), 60, f"{driver} devices published"
-            )
+        kube.wait_for(
+            lambda: all(self.session.published(d) for d in DRIVERS), 60, "devices published"
+        )
         return pod
 
     def describe(self) -> str:
