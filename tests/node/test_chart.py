@@ -83,6 +83,21 @@ def test_the_daemonset_serves_as_the_chart_deploys_it(
     assert all(f"kubelet registered plugin driver={d}" in log for d in DRIVERS), log[-3000:]
 
 
+def test_a_gpu_plugged_in_and_out_reaches_the_pod(on_chart: node_session.Session) -> None:
+    """Hotplug inside the container: the card's uevents reach the pod's udev monitor
+    through the testbed the chart's plugins mount holds, as they reach the host plugin;
+    its devices are published and withdrawn without a restart."""
+    before = on_chart.published(INTEL)
+    card = on_chart.plugin.sim.add_card("dgpu")
+    try:
+        on_chart.kube.wait_for(
+            lambda: len(on_chart.published(INTEL)) > len(before), 60, "the new GPU published"
+        )
+    finally:
+        on_chart.plugin.sim.remove_card(card.pci_address)
+    on_chart.kube.wait_for(lambda: on_chart.published(INTEL) == before, 60, "the GPU withdrawn")
+
+
 @pytest.mark.parametrize("vendor", ["intel", "nvidia", "amd"])
 def test_the_readme_smoke_tests(on_chart: node_session.Session, vendor: str) -> None:
     getattr(test_examples, f"{vendor}_smoke_test")(on_chart)
