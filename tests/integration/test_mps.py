@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -511,6 +512,9 @@ def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_names(
 
     unread = check_mps(world.driver_root, plugin_dir, None, False)  # the record unreadable
     assert [(f.status, "not checked" in f.found) for f in unread] == [(Status.WARN, True)]
+    shutil.rmtree(plugin_dir / "mps")  # and no daemon dir: the GPUs are still checked
+    none = check_mps(world.driver_root, plugin_dir, None, False)
+    assert [f.status for f in none] == [Status.WARN, Status.WARN]
 
 
 @pytest.mark.slow

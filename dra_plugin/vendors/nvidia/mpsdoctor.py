@@ -38,7 +38,7 @@ def check_mps(
     if missing and (records or dirs or shares_mps):  # MPS in use: its next daemon cannot start
         fix = "install the NVIDIA driver's MPS binaries in the driver root (NVIDIA_DRIVER_ROOT)"
         out.append(Finding(Status.WARN, CHECK, f"MPS cannot run: {missing}", fix))
-    if entries is None:  # the record cannot be read (doctor's checkpoint check says why)
+    if entries is None and dirs:  # the record cannot be read: whose daemons, not known
         out.append(Finding(Status.WARN, CHECK, "MPS daemons not checked: the record is unreadable"))
         return out
     for name in dirs:
