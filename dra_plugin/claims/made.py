@@ -16,7 +16,7 @@ from pathlib import Path
 
 from dra_plugin.cdi import claims as cdi
 from dra_plugin.checkpoint import specrecord
-from dra_plugin.checkpoint.snapshot import COMPLETED, ClaimRecord, State
+from dra_plugin.checkpoint.snapshot import COMPLETED, UNPREPARING, ClaimRecord, State
 from dra_plugin.claims import context
 from dra_plugin.claims.contract import ClaimRef
 from dra_plugin.claims.devicemetadata import MetadataFiles
@@ -57,12 +57,17 @@ class MadeDevices:
         self._held = held  # the record as the locked pass holds it (None: not loaded)
 
     def _holders(self, device: str) -> dict[str, VendorEntry]:
-        """The vendor entries the record keeps for `device`: claim uid -> entry."""
+        """The vendor entries the record keeps for `device`: claim uid -> entry. A claim
+        marked `unpreparing` holds nothing any more: one kubelet call unpreparing every
+        share of a GPU marks them all before the first is released, and the last release
+        must see none left, whichever comes first."""
         state = self._held()
         if state is None:
             return {}
         out: dict[str, VendorEntry] = {}
         for uid, rec in state.claims.by_device.get(device, {}).items():
+            if rec.state is UNPREPARING:
+                continue
             entry = next((d.vendor for d in rec.devices if d.device == device), None)
             if entry is not None:
                 out[uid] = entry

@@ -141,10 +141,11 @@ class ClaimContext:
 
     def peers(self, device: str) -> Mapping[str, VendorEntry]:
         """The vendor entries the record keeps for `device` in every other claim it holds
-        (claim uid -> entry; claims with no entry there left out), as the record stands
-        under the claim lock: what the other claims use of a shared device, also those
-        the other plugin instance of a rolling update prepared. The record is the one
-        store of such state: a vendor keeps no book of its own beside it."""
+        (claim uid -> entry; claims with no entry there, or being unprepared, left out),
+        as the record stands under the claim lock: what the other claims use of a shared
+        device, also those the other plugin instance of a rolling update prepared. The
+        record is the one store of such state: a vendor keeps no book of its own beside
+        it."""
         if self.holders is None:
             return {}
         return {uid: e for uid, e in self.holders(device).items() if uid != self.uid}

@@ -205,6 +205,30 @@ def test_shares_of_one_gpu_keep_the_held_claims_interval(
     assert smi.timeslice_calls() == [(GPU0, 3), (GPU0, 1), (GPU0, 3), (GPU0, 0)]
 
 
+def test_every_share_of_a_gpu_unprepared_in_one_call_sets_it_back_to_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One kubelet call unpreparing both shares: each release sees the other claim as
+    going too (it is `unpreparing` in the record), so the GPU is reset, not left at the
+    interval of the claim released first."""
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make(shared=True)
+    start(node)
+    long = allocated(
+        1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(1)}
+    )
+    short = allocated(
+        2, manifest_spec("gpu-timeslicing.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(2)}
+    )
+    for obj in (long, short):
+        api.add(obj)
+        assert prepare(node, obj) == ""
+    answers = asyncio.run(node.preparer.unprepare([ref(short), ref(long)]))
+    assert {uid: a.error for uid, a in answers.items()} == {ref(short).uid: "", ref(long).uid: ""}
+    assert smi.gpu(GPU0)["timeslice"] == 0
+    assert held(tmp_path) == set()
+
+
 def test_nvidias_mig_manifest_prepares_and_touches_no_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

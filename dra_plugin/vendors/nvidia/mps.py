@@ -108,23 +108,20 @@ class MpsStep:
         # thread: replaced whole, never changed in place): rebuilt from the record at
         # start-up, kept by make and release.
         self._index: dict[str, DaemonRecord] = {}
-        # A shared GPU's daemon dir -> the claims whose release this process finished
-        # (they leave the record at the end of their pass, after the others' releases).
-        self._leaving: dict[str, set[str]] = {}
 
     def daemons(self) -> list[DaemonRecord]:
         """The daemons of the held claims (telemetry's thread)."""
         return list(self._index.values())
 
     def _others(self, claim: ClaimContext, rec: DaemonRecord) -> set[str]:
-        """The other held claims whose entries name shared daemon `rec`, but those whose
-        release this process finished (still in the record until their pass ends)."""
+        """The other held claims whose entries name shared daemon `rec` (claims being
+        unprepared, in this pass too, are not held: `peers` leaves them out)."""
         named = set()
         for uid, entry in claim.peers(rec.key).items():
             got = daemon_of(entry)
             if got is not None and got[0].dir == rec.dir:
                 named.add(uid)
-        return named - self._leaving.get(rec.dir, set())
+        return named
 
     def _indexed(self, rec: DaemonRecord, uid: str, client: ClientLimits | None) -> None:
         index = dict(self._index)
@@ -161,7 +158,6 @@ class MpsStep:
             pipe, _, shm = self.host.paths(p.rec)
             entry = mpsrecord.entry(p.rec, pipe, shm, p.client)
             entries.update({name: {ENTRY_KEY: entry} for name in p.served})
-            self._leaving.get(p.rec.dir, set()).discard(claim.uid)
         try:
             # The claim's own record says which daemons it needs, whole, before anything
             # is made: what release and reconcile read.
@@ -253,14 +249,8 @@ class MpsStep:
         errors: list[str] = []
         for rec, _, _ in own_daemons(claim).values():
             try:
-                if rec.shared and (others := self._others(claim, rec)):
-                    # Others still hold it: this claim just lets go (its entry leaves the
-                    # record at the end of the pass, after the releases of the others in it).
-                    leaving = self._leaving.get(rec.dir, set()) & others
-                    self._leaving[rec.dir] = {*leaving, claim.uid}
-                else:
-                    self.host.teardown(rec)
-                    self._leaving.pop(rec.dir, None)
+                if not (rec.shared and self._others(claim, rec)):
+                    self.host.teardown(rec)  # else others still hold it: this claim lets go
             except (OSError, MakeError) as exc:
                 errors.append(str(exc))
                 continue
@@ -299,7 +289,6 @@ class MpsStep:
                 rec.devices,
             )  # fmt: skip
         self._index = index
-        self._leaving.clear()
         self.host.collect_deployments({rec.name for rec, _ in named.values()})
 
     @staticmethod
