@@ -155,13 +155,14 @@ def test_a_burst_of_gets_shares_max_conns_connections(server: FakeAPIServer) -> 
 
 
 def test_waiting_for_a_free_connection_is_not_a_read_timeout(server: FakeAPIServer) -> None:
-    """With one connection, three GETs of 0.25 s each take 0.75 s: longer than the read
-    timeout, yet none times out, because the timeout bounds the server, not our queue."""
-    slow = Timeouts(connect=1, read=0.4, read_attempts=1, read_budget=5.0)
+    """With one connection, three GETs of 0.6 s each take 1.8 s: longer than the read
+    timeout, yet none times out, because the timeout bounds the server, not our queue
+    (0.6 s short of it, so a busy machine's delays do not reach it)."""
+    slow = Timeouts(connect=1, read=1.2, read_attempts=1, read_budget=10.0)
     api = KubeAPI(kubernetes.client.ApiClient(configuration(server.url)), timeouts=slow)
     assert api._http is not None
     api._http.max_conns = 1
-    server.claim_delay = 0.25
+    server.claim_delay = 0.6
 
     async def main() -> list[str]:
         got = await asyncio.gather(*(api.get_claim("default", "c1") for _ in range(3)))

@@ -3,12 +3,12 @@ write ever runs on the event loop. A disk that stalls for 1 s (every fsync and f
 of the daemon's process, through fakes/slowdisk) holds up the claims that wait on it,
 and nothing else: /healthz, another driver's calls and a new health stream are answered
 all along, none more than 50 ms later than the same caller's slowest answer with the
-disk steady, over 2 s before the stall and as long again after it (what the machine adds
+disk steady (a new health stream: than the slowest of five opened with the disk
+steady), over 2 s before the stall and as long again after it (what the machine adds
 by itself: a few ms on a quiet machine, over 100 ms on one running Go builds). The
 round before ran a lone prepare's pass on the loop; under this stall /healthz and the
 other driver froze for 1.07-1.13 s.
 """
-
 from __future__ import annotations
 
 import threading
@@ -130,6 +130,12 @@ def first_health_message(plugin: Plugin) -> float:
     return took
 
 
+def steady_health_open(plugin: Plugin, tries: int = 5) -> float:
+    """The slowest of `tries` new health streams with the disk steady: what the machine
+    adds on its own (parallel test workers), which the stalled one may add too."""
+    return max(first_health_message(plugin) for _ in range(tries))
+
+
 def start(tmp_path: Path, *, metadata: bool) -> tuple[Cluster, SlowDisk, int]:
     c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
     disk = SlowDisk(tmp_path)
@@ -191,6 +197,7 @@ def test_a_lone_prepare_whose_fdatasync_stalls_leaves_the_loop_serving(
     ref = Claim("default", obj["metadata"]["uid"], "stalled")
     with LoopWatch(port, nvidia) as watch:
         watch.baseline(2.0)
+        steady = steady_health_open(nvidia)
         disk.stall(STALL_MS)
         t0 = time.monotonic()
         answer = in_thread(lambda: intel.prepare([ref]))
@@ -200,10 +207,13 @@ def test_a_lone_prepare_whose_fdatasync_stalls_leaves_the_loop_serving(
         took = time.monotonic() - t0
         disk.steady()
         watch.settled()
+        steady = max(steady, steady_health_open(nvidia))
     assert resp.claims[ref.uid].error == ""  # type: ignore[attr-defined]
     stalls = disk.stalls()
     assert "fdatasync" in stalls and "fsync" in stalls and took >= STALL_MS / 1000, stalls
-    assert opened < MOST, f"a new health stream waited {opened * 1000:.0f} ms"
+    assert opened < steady + MOST, (
+        f"a new health stream waited {opened * 1000:.0f} ms ({steady * 1000:.0f} ms steady)"
+    )
     watch.check()
 
 
@@ -247,13 +257,16 @@ def test_compaction_under_a_stalled_disk_leaves_the_loop_serving(
         prepare(1)
     with LoopWatch(port, intel) as watch:
         watch.baseline(2.0)
+        steady = steady_health_open(intel)
         disk.stall(STALL_MS)
         for _ in range(3):  # lone prepares until one starts the journal anew
             stalled = len(disk.stalls())
             answer = in_thread(lambda: prepare(1))
             wait_for(lambda s=stalled: len(disk.stalls()) > s, what="a stalled sync")  # type: ignore[misc]
             opened = first_health_message(intel)
-            assert opened < MOST, f"a new health stream waited {opened * 1000:.0f} ms"
+            assert opened < steady + MOST, (
+                f"a new health stream waited {opened * 1000:.0f} ms ({steady * 1000:.0f} ms steady)"
+            )
             if int(answer()) < 0:  # type: ignore[call-overload]
                 break
         else:
