@@ -1,6 +1,8 @@
 """A whole simulated node around the real daemon, for integration tests, the demo and bench.
 
-- the fake API server (in this process, over HTTP on 127.0.0.1), with a kubeconfig;
+- an API server: the real kube-apiserver judge when the test hands one in (`server=`, a
+  `NodeServer`: tests/realapi.py's, shared across the test run), else the fault-injecting
+  fake (in this process, over HTTP on 127.0.0.1) for the tests that turn its controls;
 - a simulated udev node (umockdev) and the NVML stand-in library;
 - the real `dra-plugin run` as a subprocess (so SIGTERM and kill -9 are real);
 - the kubelet emulator over the real unix sockets.
@@ -20,7 +22,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -71,6 +73,48 @@ def allocated_claim(
         },
         "status": {"allocation": {"devices": {"results": [dict(r) for r in results]}}},
     }
+
+
+class NodeServer(Protocol):
+    """What a Cluster needs of an API server for its node: the plugin's kubeconfig, seeded
+    claims, the node's stored slices and, at the end, its objects removed."""
+
+    def connect(self, node: str, tmp: Path) -> Path:
+        """The node made and the plugin's kubeconfig for it (written under tmp)."""
+        ...
+
+    def add_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        """Store `claim` (v1, with its status.allocation) as allocated by the scheduler."""
+        ...
+
+    def get_stored_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class FakeNodeServer:
+    """The fake API server as a NodeServer (one per Cluster, stopped with it)."""
+
+    def __init__(self, fake: FakeAPIServer) -> None:
+        self.fake = fake
+
+    def connect(self, node: str, tmp: Path) -> Path:
+        self.fake.add_node(node)
+        return write_kubeconfig(tmp / "kubeconfig", self.fake.url)
+
+    def add_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        return self.fake.add_claim(dict(claim))
+
+    def get_stored_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.fake.get_stored_claim(namespace, name)
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        return self.fake.list_stored_slices()
+
+    def close(self) -> None:
+        self.fake.stop()
 
 
 class Daemon:
@@ -138,6 +182,7 @@ class Cluster:
         api_versions: Sequence[str] = ("v1",),
         consumable_capacity: bool = True,
         registration_wait: float | None = 0.0,
+        server: NodeServer | None = None,
     ) -> None:
         self.registration_wait = registration_wait
         self.tmp = tmp
@@ -147,11 +192,16 @@ class Cluster:
         self.registry = self.sockets / "plugins_registry"
         self.plugins = self.sockets / "plugins"
         self.cdi = tmp / "cdi"
-        self.api = FakeAPIServer(
-            versions=api_versions, consumable_capacity=consumable_capacity
-        ).start()
-        self.api.add_node(node)
-        self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", self.api.url)
+        # `api`: the fake, whose controls a test turns (faults, counts); None on a real
+        # server, which a test reaches through `server` and its own admin client.
+        self.api: FakeAPIServer | None = None
+        if server is None:
+            self.api = FakeAPIServer(
+                versions=api_versions, consumable_capacity=consumable_capacity
+            ).start()
+            server = FakeNodeServer(self.api)
+        self.server = server
+        self.kubeconfig = server.connect(node, tmp)
         self.sim = SimNode(profile)
         self.nvml_events = tmp / "nvml-events"
         self.nvml_events.touch()
@@ -212,7 +262,7 @@ class Cluster:
     def add_claim(self, name: str, driver: str, device: str, **extra: Any) -> Claim:
         """Seed a claim allocated to one of this node's devices; the kubelet's view of it."""
         result = {"request": "gpu", "driver": driver, "pool": self.node, "device": device}
-        obj = self.api.add_claim(allocated_claim(name, [{**result, **extra}]))
+        obj = self.server.add_claim(allocated_claim(name, [{**result, **extra}]))
         return Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], name)
 
     def kill_while_preparing(
@@ -232,6 +282,7 @@ class Cluster:
             with contextlib.suppress(grpc.RpcError):
                 plugin.prepare(list(refs))
 
+        assert self.api is not None, "a slow claim GET is the fake API server's control"
         self.api.claim_delay = api_delay
         t = threading.Thread(target=prepare)
         t.start()
@@ -245,16 +296,15 @@ class Cluster:
         """A kubelet (re)starting on this node: it wipes the node's slices first, as the
         real one does, and then a driver's slices when the driver stays disconnected
         (`wiping_delay`, 30 s by default); `feature_gates` as the kubelet takes them."""
-        k = Kubelet(
-            self.registry, self.plugins, version, api=KubeApi(self.api.url, self.node), **options
-        )
+        api = KubeApi(self.api.url, self.node) if self.api is not None else None
+        k = Kubelet(self.registry, self.plugins, version, api=api, **options)
         self.kubelets.append(k)
         return k
 
     def slices(self, driver: str | None = None) -> list[dict[str, Any]]:
         return [
             s
-            for s in self.api.list_stored_slices()
+            for s in self.server.node_slices(self.node)
             if driver is None or s["spec"]["driver"] == driver
         ]
 
@@ -286,5 +336,5 @@ class Cluster:
         for d in self.daemons:
             d.kill()
         self.sim.close()
-        self.api.stop()
+        self.server.close()
         shutil.rmtree(self.sockets, ignore_errors=True)

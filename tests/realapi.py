@@ -1,0 +1,177 @@
+"""The real kube-apiserver, shared across the test run (a pytest plugin: tests/conftest.py).
+
+`judge_servers` (session; one set per pytest process, so one per xdist worker): a factory
+`get(emulated_version="", feature_gates="", runtime_config="") -> ApiServer`; servers with
+the same settings start once and are shared, at most four run at a time (the oldest stops
+when a fifth is asked for), all stop at the end of the session. `real_api` is the default
+one (1.37 gates, v1 served) and `real_chart` the chart's identity on it.
+
+`real_server` (per test; `real_servers`, a factory of them, for wider fixtures): a
+`RealNodeServer` for fakes/cluster.Cluster(server=...): the
+test's node on the shared server with the plugin's own identity (the chart's RBAC and
+admission policies, a token bound to a Pod on the node). Isolation: one pytest process
+runs one test at a time, and on the way out a test's node's slices, its claims, its Pod
+and its Node are deleted (a node's leftover slices also on the way in), so the next test
+on the server starts from nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes.judges import apiserver
+from fakes.judges.apiserver import ApiServer, JudgeError, ServerFactory
+from tests.judges.chart_identity import Chart, PluginAccess, chart_on, plugin_access
+
+Obj = dict[str, Any]
+RESOURCE = "/apis/resource.k8s.io/v1"
+MAX_RUNNING = 4
+# The chart's identity the simulated nodes run under: every vendor's driver on (the
+# default release, the judges' own, leaves AMD off), as its own release beside that one.
+EVERY_VENDOR: Obj = {"amd": {"enabled": True}}
+
+
+@pytest.fixture(scope="session")
+def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    live: dict[tuple[str, str, str], ApiServer] = {}
+    workdir = tmp_path_factory.mktemp("judges")
+
+    def get(
+        emulated_version: str = "", feature_gates: str = "", runtime_config: str = ""
+    ) -> ApiServer:
+        key = (emulated_version, feature_gates, runtime_config)
+        server = live.get(key)
+        if server is not None and server.running:
+            return server
+        while len(live) >= MAX_RUNNING:
+            oldest = next(iter(live))
+            apiserver.stop_and_remove(live.pop(oldest))
+        server = apiserver.start(
+            emulated_version=emulated_version,
+            feature_gates=feature_gates,
+            runtime_config=runtime_config,
+            workdir=workdir,
+        )
+        live[key] = server
+        return server
+
+    try:
+        yield get
+    finally:
+        for server in live.values():
+            apiserver.stop_and_remove(server)
+
+
+@pytest.fixture
+def real_api(judge_servers: ServerFactory) -> ApiServer:
+    return judge_servers()
+
+
+@pytest.fixture
+def real_chart(real_api: ApiServer) -> Chart:
+    return chart_on(real_api)
+
+
+def node_selector(node: str) -> Obj:
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"nodeSelectorTerms": [term]}
+
+
+class RealNodeServer:
+    """One test's node on a shared real API server (fakes.cluster.NodeServer): the plugin
+    connects with the chart's identity; the claims the test seeds are deleted after it."""
+
+    def __init__(self, server: ApiServer, chart: Chart) -> None:
+        self.server = server
+        self.chart = chart
+        self.access: PluginAccess | None = None
+        self.claims: list[tuple[str, str]] = []  # (namespace, name) seeded by the test
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def connect(self, node: str, tmp: Path) -> Path:
+        self._wipe(node)  # what an earlier, killed test may have left on this node
+        self.access = plugin_access(self.server, self.chart, node)
+        return self.access.kubeconfig
+
+    def add_claim(self, claim: Mapping[str, Any]) -> Obj:
+        """Create the claim, then write its allocation through the status subresource, as
+        the scheduler does; the server's answer (its uid) comes back. A claim of that name
+        an earlier test left is deleted first."""
+        meta = {"namespace": "default", **claim["metadata"]}
+        meta.pop("uid", None)  # the server assigns it
+        path = self._claims(meta["namespace"])
+        self.server.delete(f"{path}/{meta['name']}")
+        body = {**claim, "metadata": meta}
+        body.pop("status", None)
+        created = self.server.ok("POST", path, body)
+        self.claims.append((meta["namespace"], meta["name"]))
+        status = claim.get("status")
+        if not status:
+            return created
+        status = copy.deepcopy(dict(status))
+        allocation = status.get("allocation")
+        if allocation is not None and self.access is not None:
+            # As the scheduler writes it for a node-local pool: the claim is this node's
+            # (the server authorizes the plugin's status writes by it).
+            allocation.setdefault("nodeSelector", node_selector(self.access.node))
+        return self.server.ok("PUT", f"{path}/{meta['name']}/status", {**created, "status": status})
+
+    def get_stored_claim(self, namespace: str, name: str) -> Obj:
+        return self.server.get(f"{self._claims(namespace)}/{name}")
+
+    def node_slices(self, node: str) -> list[Obj]:
+        """The node's stored slices, each whole as a GET of it answers (a list's items
+        leave out apiVersion and kind)."""
+        kind = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice"}
+        return [{**kind, **item} for item in self.server.slices(node)]
+
+    @staticmethod
+    def _claims(namespace: str) -> str:
+        return f"{RESOURCE}/namespaces/{namespace}/resourceclaims"
+
+    def _wipe(self, node: str) -> None:
+        resp = self.server.request(
+            "DELETE",
+            f"{RESOURCE}/resourceslices",
+            params={"fieldSelector": f"spec.nodeName={node}"},
+        )
+        if resp.status not in (200, 404):
+            raise JudgeError(f"deleting the slices of {node}: {resp.status} {resp.body}")
+
+    def close(self) -> None:
+        """Delete what the test made: its node's slices, its claims, its Pod and Node."""
+        if self.access is not None:
+            self._wipe(self.access.node)
+            self.access.remove()
+            self.access = None
+        for namespace, name in self.claims:
+            self.server.delete(f"{self._claims(namespace)}/{name}")
+        self.claims.clear()
+
+
+@pytest.fixture(scope="session")
+def real_servers(judge_servers: ServerFactory) -> Callable[[], RealNodeServer]:
+    """A factory of RealNodeServers on the default shared server, for fixtures wider than
+    one test (a module's Cluster): the Cluster's close() cleans up after it."""
+
+    def make() -> RealNodeServer:
+        server = judge_servers()
+        return RealNodeServer(server, chart_on(server, values=EVERY_VENDOR, release="all"))
+
+    return make
+
+
+@pytest.fixture
+def real_server(real_servers: Callable[[], RealNodeServer]) -> Iterator[RealNodeServer]:
+    """The test's node on the shared real API server; pass it as Cluster(server=...)."""
+    node = real_servers()
+    yield node
+    node.close()  # again, in case the test's Cluster did not (idempotent)
