@@ -57,20 +57,22 @@ def allocated_claim(
 ) -> dict[str, Any]:
     """A ResourceClaim (v1 shape) allocated by the scheduler with the given results.
 
-    Each result: {"request", "driver", "pool", "device"} and optionally adminAccess/shareID.
+    Each result: {"request", "driver", "pool", "device"} and optionally adminAccess/shareID;
+    results of one request: one request of that count, as a valid claim has it.
     """
+    requests: dict[str, dict[str, Any]] = {}
+    for r in results:  # one request per name, counting the devices allocated for it
+        if r["request"] in requests:
+            exactly = requests[r["request"]]["exactly"]
+            exactly["count"] = exactly.get("count", 1) + 1
+        else:
+            exactly = {"deviceClassName": r["driver"]}
+            requests[r["request"]] = {"name": r["request"], "exactly": exactly}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": r["request"], "exactly": {"deviceClassName": r["driver"]}}
-                    for r in results
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": list(requests.values())}},
         "status": {"allocation": {"devices": {"results": [dict(r) for r in results]}}},
     }
 

@@ -34,6 +34,8 @@ MAX_RUNNING = 4
 # The chart's identity the simulated nodes run under: every vendor's driver on (the
 # default release, the judges' own, leaves AMD off), as its own release beside that one.
 EVERY_VENDOR: Obj = {"amd": {"enabled": True}}
+ADMIN_NAMESPACE = "admin-access"
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +93,7 @@ class RealNodeServer:
         self.chart = chart
         self.access: PluginAccess | None = None
         self.claims: list[tuple[str, str]] = []  # (namespace, name) seeded by the test
+        self.namespaces = {"default"}  # known to exist (others are made, and kept)
 
     @property
     def url(self) -> str:
@@ -104,25 +107,42 @@ class RealNodeServer:
     def add_claim(self, claim: Mapping[str, Any]) -> Obj:
         """Create the claim, then write its allocation through the status subresource, as
         the scheduler does; the server's answer (its uid) comes back. A claim of that name
-        an earlier test left is deleted first."""
-        meta = {"namespace": "default", **claim["metadata"]}
+        an earlier test left is deleted first. An admin-access claim goes to a namespace
+        labelled for it (the server refuses admin access anywhere else), its requests
+        asking for it."""
+        body = copy.deepcopy(dict(claim))
+        status = body.pop("status", None) or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        meta = {"namespace": "default", **body["metadata"]}
         meta.pop("uid", None)  # the server assigns it
+        admin = {r["request"] for r in results if r.get("adminAccess")}
+        if admin:
+            meta["namespace"] = ADMIN_NAMESPACE
+            for request in body["spec"]["devices"]["requests"]:
+                if request["name"] in admin:
+                    request["exactly"]["adminAccess"] = True
+        body["metadata"] = meta
         path = self._claims(meta["namespace"])
+        self._namespace(meta["namespace"])
         self.server.delete(f"{path}/{meta['name']}")
-        body = {**claim, "metadata": meta}
-        body.pop("status", None)
         created = self.server.ok("POST", path, body)
         self.claims.append((meta["namespace"], meta["name"]))
-        status = claim.get("status")
-        if not status:
-            return created
-        status = copy.deepcopy(dict(status))
         allocation = status.get("allocation")
-        if allocation is not None and self.access is not None:
+        if allocation is None:
+            return created
+        if self.access is not None:
             # As the scheduler writes it for a node-local pool: the claim is this node's
             # (the server authorizes the plugin's status writes by it).
             allocation.setdefault("nodeSelector", node_selector(self.access.node))
         return self.server.ok("PUT", f"{path}/{meta['name']}/status", {**created, "status": status})
+
+    def _namespace(self, name: str) -> None:
+        if name in self.namespaces:
+            return
+        labels = {ADMIN_LABEL: "true"} if name == ADMIN_NAMESPACE else {}
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        self.server.create({**ns, "metadata": {"name": name, "labels": labels}})
+        self.namespaces.add(name)
 
     def get_stored_claim(self, namespace: str, name: str) -> Obj:
         return self.server.get(f"{self._claims(namespace)}/{name}")
