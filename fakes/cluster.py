@@ -5,7 +5,7 @@
   fake (in this process, over HTTP on 127.0.0.1) for the tests that turn its controls;
 - a simulated udev node (umockdev) and the NVML stand-in library;
 - the real `dra-plugin run` as a subprocess (so SIGTERM and kill -9 are real);
-- the kubelet emulator over the real unix sockets.
+- the kubelet's plugin side (registration, DRA and health gRPC) over the real unix sockets.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import grpc
 
 from fakes import waits
 from fakes.apiserver import FakeAPIServer
-from fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
+from fakes.kubelet import Claim, Kubelet, Plugin, get_info
 from fakes.nvml_lib import build_fake_nvml
 from fakes.simnode import SimNode
 
@@ -295,11 +295,10 @@ class Cluster:
         self.api.claim_delay = 0
 
     def kubelet(self, version: tuple[int, int] = (1, 35), **options: Any) -> Kubelet:
-        """A kubelet (re)starting on this node: it wipes the node's slices first, as the
-        real one does, and then a driver's slices when the driver stays disconnected
-        (`wiping_delay`, 30 s by default); `feature_gates` as the kubelet takes them."""
-        api = KubeApi(self.api.url, self.node) if self.api is not None else None
-        k = Kubelet(self.registry, self.plugins, version, api=api, **options)
+        """The kubelet's plugin side on this node (registration, the DRA and health gRPC);
+        `feature_gates` as the kubelet takes them. Its slice wipes are the kubelet
+        judge's (tests/judges/test_kubelet.py)."""
+        k = Kubelet(self.registry, self.plugins, version, **options)
         self.kubelets.append(k)
         return k
 

@@ -139,9 +139,7 @@ def test_kill_9_while_shares_are_prepared_then_restart(cluster: Cluster) -> None
 def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
     c = Cluster(tmp_path, profile="igpu", nvml_profile=None, consumable_capacity=False)
     try:
-        # The node's kubelet: up before the plugin (its start wipes an empty node) and
-        # through the plugin's restart, which it does not notice for longer than the
-        # wiping delay.
+        # The node's kubelet: up before the plugin and through the plugin's restart.
         kubelet = c.kubelet()
         for run in range(2):  # a restart too: no crash loop, the same single message
             writes, watches = c.api.writes(), c.api.count("watch", "resourceslices")
