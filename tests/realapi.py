@@ -1,10 +1,11 @@
 """The real kube-apiserver, shared across the test run (a pytest plugin: tests/conftest.py).
 
-`judge_servers` (session; one set per pytest process, so one per xdist worker): a factory
-`get(emulated_version="", feature_gates="", runtime_config="") -> ApiServer`; servers with
-the same settings start once and are shared, at most four run at a time (the oldest stops
-when a fifth is asked for), all stop at the end of the session. `real_api` is the default
-one (1.37 gates, v1 served) and `real_chart` the chart's identity on it.
+`judge_servers` (session; one set per pytest process, so one per xdist worker): the factory
+`shared_server(emulated_version="", feature_gates="", runtime_config="") -> ApiServer`;
+servers with the same settings start once and are shared, at most four run at a time (the
+oldest stops when a fifth is asked for), all stop at the end of the session. Helpers may
+call it directly: `slice_refusals(obj)` judges a slice with a dry-run create. `real_api`
+is the default one (1.37 gates, v1 served) and `real_chart` the chart's identity on it.
 
 `real_server` (per test; `real_servers`, a factory of them, for wider fixtures): a
 `RealNodeServer` for fakes/cluster.Cluster(server=...): the
@@ -38,35 +39,39 @@ ADMIN_NAMESPACE = "admin-access"
 ADMIN_LABEL = "resource.kubernetes.io/admin-access"
 
 
-@pytest.fixture(scope="session")
-def judge_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
-    live: dict[tuple[str, str, str], ApiServer] = {}
-    workdir = tmp_path_factory.mktemp("judges")
+_live: dict[tuple[str, str, str], ApiServer] = {}
 
-    def get(
-        emulated_version: str = "", feature_gates: str = "", runtime_config: str = ""
-    ) -> ApiServer:
-        key = (emulated_version, feature_gates, runtime_config)
-        server = live.get(key)
-        if server is not None and server.running:
-            return server
-        while len(live) >= MAX_RUNNING:
-            oldest = next(iter(live))
-            apiserver.stop_and_remove(live.pop(oldest))
-        server = apiserver.start(
-            emulated_version=emulated_version,
-            feature_gates=feature_gates,
-            runtime_config=runtime_config,
-            workdir=workdir,
-        )
-        live[key] = server
+
+def shared_server(
+    emulated_version: str = "", feature_gates: str = "", runtime_config: str = ""
+) -> ApiServer:
+    """The process's server with these settings, started on first use and kept until the
+    session ends (pytest_sessionfinish): at most MAX_RUNNING at a time, the oldest stopped
+    when another is asked for. Helpers that judge an object call it directly."""
+    key = (emulated_version, feature_gates, runtime_config)
+    server = _live.get(key)
+    if server is not None and server.running:
         return server
+    while len(_live) >= MAX_RUNNING:
+        oldest = next(iter(_live))
+        apiserver.stop_and_remove(_live.pop(oldest))
+    server = apiserver.start(
+        emulated_version=emulated_version,
+        feature_gates=feature_gates,
+        runtime_config=runtime_config,
+    )
+    _live[key] = server
+    return server
 
-    try:
-        yield get
-    finally:
-        for server in live.values():
-            apiserver.stop_and_remove(server)
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    while _live:
+        apiserver.stop_and_remove(_live.popitem()[1])
+
+
+@pytest.fixture(scope="session")
+def judge_servers() -> ServerFactory:
+    return shared_server
 
 
 @pytest.fixture
@@ -195,3 +200,29 @@ def real_server(real_servers: Callable[[], RealNodeServer]) -> Iterator[RealNode
     node = real_servers()
     yield node
     node.close()  # again, in case the test's Cluster did not (idempotent)
+
+
+# A server that serves the beta versions too, to judge slices written in them.
+BETA_SERVED = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
+
+
+def slice_refusals(obj: Mapping[str, Any], version: str = "v1") -> list[str]:
+    """What the real server says against the ResourceSlice `obj` (of `version`) as a
+    dry-run create, validated in full and never stored: [] when it would take it. Only
+    its spec counts (a slice read from the fake's store, or never sent)."""
+    server = shared_server() if version == "v1" else shared_server(runtime_config=BETA_SERVED)
+    body = {
+        "apiVersion": f"resource.k8s.io/{version}",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "judged-"},
+        "spec": copy.deepcopy(obj["spec"]),
+    }
+    path = f"/apis/resource.k8s.io/{version}/resourceslices"
+    resp = server.request("POST", path, body, params={"dryRun": "All"})
+    if resp.status == 201:
+        return []
+    body = resp.body if isinstance(resp.body, dict) else {"message": resp.body}
+    causes = (body.get("details") or {}).get("causes") or []
+    return [f"{c.get('field', '')}: {c.get('message', '')}" for c in causes] or [
+        str(body.get("message"))
+    ]

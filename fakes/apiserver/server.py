@@ -93,7 +93,6 @@ class FakeAPIServer(SliceStore, ClaimStore):
         self.fail_method: str | None = None
         self.fail_retry_after: float | None = None
         self.failed_at: list[float] = []  # time.monotonic() of each failed answer
-        self.invalid: list[tuple[str, list[tuple[str, str]]]] = []  # rejected writes
         # Test hook: called as before_write(method, path) before a write is handled
         # (e.g. to change the object underneath a client and provoke a 409).
         self.before_write: Callable[[str, str], None] | None = None

@@ -17,7 +17,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from fakes.apiserver import validate_slice
 from fakes.cluster import ROOT, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, GiB, SimNode, unavailable_reason
@@ -173,7 +172,6 @@ def test_daemon_publishes_prepares_with_kfd_and_follows_hotplug(cluster: Cluster
     cluster.wait_for("amd slices", lambda: cluster.published(AMD) == sorted([NAVI, APU]))
     for item in cluster.slices(AMD):
         kubernetes_validate.validate(item, "1.35.0", strict=True)
-        assert validate_slice(item, "v1") == []
         assert item["spec"]["driver"] == AMD and item["spec"]["pool"]["name"] == cluster.node
 
     claim = cluster.server.add_claim(
@@ -249,7 +247,6 @@ def test_shared_amd_gpu_serves_several_claims_each_with_kfd(cluster: Cluster) ->
     assert devs[NAVI]["capacity"]["shares"]["value"] == "2"
     for item in cluster.slices(AMD):
         kubernetes_validate.validate(item, "1.36.0", strict=True)
-        assert validate_slice(item, "v1") == []
 
     refs = []
     for i in range(3):

