@@ -7,8 +7,8 @@ under the rules in claim_status.py), Nodes (get/create), SelfSubjectAccessReview
 the Pods and DeviceClasses the judges need (objects.py). It does not validate: the real
 kube-apiserver judges what the plugin writes (tests/realapi.py, shared across the test
 run); this server is for the faults and counts a real one cannot be made to show.
-ResourceSlice writes drop unknown and gated fields (slice_fields.py) and store canonical
-quantities (quantities.py); tests/judges/slice_cases.py holds that to kube-apiserver.
+ResourceSlice writes drop unknown and gated fields (slice_fields.py) and are stored as
+sent (the real server's canonical quantities are its own: tests/judges/slice_cases.py).
 
 The rooms: server.py (state, lifecycle, test controls), slices.py and claims.py (the
 writes), handler.py (HTTP and routes), discovery.py, watch.py, convert.py (v1beta1 <-> v1,

@@ -1,5 +1,5 @@
 """ResourceSlices in the fake API server: the stored slices, their writes (decode, drop
-gated fields, canonical quantities, store) and the event history watches read. Whether a
+gated fields, store as sent) and the event history watches read. Whether a
 slice is valid is the real server's to say (tests/realapi.py): the fake stores it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fakes.apiserver import quantities, slice_fields
+from fakes.apiserver import slice_fields
 from fakes.apiserver.convert import now, slice_from_v1, slice_to_v1
 from fakes.apiserver.errors import GROUP, HTTPError, not_found, slice_details
 
@@ -105,7 +105,6 @@ class SliceStore:
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
         self._prepare(version, body, None, field_validation, warnings)
-        quantities.canonicalize(body.get("spec") or {}, version)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
         obj["kind"] = "ResourceSlice"
@@ -155,7 +154,6 @@ class SliceStore:
             stored = self.slices.get(name)
             old = slice_from_v1(stored, version)["spec"] if stored else None
         self._prepare(version, body, old, field_validation, warnings)
-        quantities.canonicalize(body.get("spec") or {}, version)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
         obj["kind"] = "ResourceSlice"
