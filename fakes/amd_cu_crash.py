@@ -1,10 +1,12 @@
 """`python -m fakes.amd_cu_crash run ...`: the real `dra-plugin` entry point, killed with
 SIGKILL (no clean-up of any kind) at the step named by AMD_CU_KILL_AT:
 
-- `cu-booked`: an AMD share's compute units were written to the book, its spec not yet;
+- `cu-booked`: an AMD share's compute units were written into its `started` record, its
+  spec not yet;
 - `spec-written`: a claim's CDI spec (and the record beside it) is on disk, the journal's
   `completed` entry not yet;
-- `cu-freed`: an unprepare freed the claim's units in the book, its record not yet dropped.
+- `cu-freed`: an unprepare's release of the claim's units, its `unpreparing` record not
+  yet dropped.
 
 Cluster.start_daemon(module="fakes.amd_cu_crash", env={"AMD_CU_KILL_AT": step}).
 """

@@ -26,6 +26,8 @@ class PartitionKernel:
         self.latency = latency
         self.poll = poll
         self.switched: list[tuple[str, str]] = []  # (PCI address, mode), in order
+        # A switch and its entry in `switched` are one step to a reader of `mode()`.
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="amdgpu-partition", daemon=True)
 
@@ -40,6 +42,10 @@ class PartitionKernel:
         self._thread.join(10)
 
     def mode(self, pci_address: str) -> str:
+        with self._lock:
+            return self._mode(pci_address)
+
+    def _mode(self, pci_address: str) -> str:
         board = self.node.card(pci_address).amd
         assert board is not None and board.partitions is not None
         return board.partitions[0]
@@ -51,7 +57,7 @@ class PartitionKernel:
             text = path.read_text().strip().upper()
         except OSError:
             return None
-        return text if text in MODES and text != self.mode(pci_address) else None
+        return text if text in MODES and text != self._mode(pci_address) else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll):
@@ -63,5 +69,6 @@ class PartitionKernel:
                     continue
                 if self._stop.wait(self.latency):
                     return
-                self.node.switch_compute_partition(card.pci_address, mode)
-                self.switched.append((card.pci_address, mode))
+                with self._lock:
+                    self.node.switch_compute_partition(card.pci_address, mode)
+                    self.switched.append((card.pci_address, mode))

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dra_plugin import crashpoints
+from dra_plugin.checkpoint.checkpoint import Checkpoint
 from dra_plugin.claims.claims import ClaimPreparer, ClaimRef
 from dra_plugin.config import Config
 from dra_plugin.devices import Device, make_device
@@ -191,6 +192,15 @@ def preparer(
         ),
     )
     return prep, step
+
+
+def recorded(root: Path, uid: str) -> dict[str, Any]:
+    """Claim `uid`'s MPS entries in the record under `root`, by device (the one store of
+    its daemons)."""
+    state = Checkpoint(root / "state", DRIVER, boot_id=lambda: "boot-1").read()
+    assert state is not None
+    rec = state.claims[uid]
+    return {d.device: d.vendor["mps"] for d in rec.devices if d.vendor and "mps" in d.vendor}
 
 
 async def _process(root: Path, url: str, action: str, uid: str, kill_at: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ prepare, unprepare (killed at STEP when PHASE is unprepare), a restart and the r
 unprepare. It prints one JSON list: per process, its exit status (-9: killed) and its
 report: after start-up and after its call, the GPU's time-slice as the nvidia-smi stand-in
 keeps it (it outlives each process, as a GPU's setting does), whether the claim's spec is
-there, and the GPUs in the time-slice book.
+there, and the GPUs the claims' record asks a time-slice of (reported as "book").
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ def main(argv: list[str]) -> int:
     os.environ.update(stand_in_env(PROFILE))
 
     from dra_plugin import crashpoints
+    from dra_plugin.checkpoint.checkpoint import Checkpoint
     from fakes.claim_harness import FakeApi, ref
     from fakes.nvidia_claims import allocated, manifest_spec
     from fakes.nvml_lib import build_fake_nvml
-    from fakes.timeslice_node import SliceNode, driver_root
+    from fakes.timeslice_node import DRIVER, SliceNode, driver_root
 
     droot, smi = driver_root(build_fake_nvml(), root, PROFILE)
     obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": DEVICE})
@@ -57,11 +58,17 @@ def main(argv: list[str]) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def seen() -> dict[str, Any]:
-        book = root / "state/timeslice.json"
+        state = Checkpoint(root / "state", DRIVER).read()
+        asked = {
+            d.vendor["timeslice"]["gpu"]
+            for rec in (state.claims.values() if state is not None else ())
+            for d in rec.devices
+            if d.vendor is not None and d.vendor.get("timeslice")
+        }
         return {
             "timeslice": smi.gpu(GPU)["timeslice"],
             "spec": bool(list((root / "cdi").glob("*.json"))),
-            "book": sorted(json.loads(book.read_text())["gpus"]) if book.exists() else [],
+            "book": sorted(asked),
         }
 
     def process(call: str, kill_at: str | None) -> Any:

@@ -1,8 +1,13 @@
 """Suite-wide options and fixtures: slow tests run only when asked for with --slow (CI
-asks); `harness` is the claim preparer's world most claim tests start from."""
+asks); the run is spread over worker processes (pytest-xdist, `-n auto` in pyproject.toml:
+twice the CPUs, since most tests wait on processes and sockets; `-n 0` runs in one
+process); `harness` is the claim preparer's world most claim tests start from."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +29,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Tests that share one thing a machine has once run in one worker, one after another:
+# the real node (root, its fixed state directory, its bridge and cgroups) and the image
+# (built once per run, then run by each test).
+ONE_WORKER = {"node": "tests/node/", "image": "tests/image/"}
+# Unix socket paths are limited to 107 bytes and podman's runroot to 50: the run's base
+# temporary directory is kept short (pytest's own, plus the worker's name, is not).
+SHORT_TMP = Path("/tmp")
+_MADE_BASETEMP = pytest.StashKey[Path]()
+_PASSED = pytest.StashKey[bool]()
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    cpus = len(os.sched_getaffinity(0))
+    return max(2, min(8, 2 * cpus))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        # A fresh one per run, so runs side by side never share one (pytest empties a
+        # given basetemp first); removed when the run passes, kept to look at otherwise.
+        config.option.basetemp = tempfile.mkdtemp(prefix="dra-t", dir=SHORT_TMP)
+        config.stash[_MADE_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_MADE_BASETEMP, None)
+    if made is not None and config.stash.get(_PASSED, False):
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_PASSED] = exitstatus == 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for group, prefix in ONE_WORKER.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--slow"):
         return
     # Reported as skipped, with the way to run them, never silently passed.

@@ -1,4 +1,5 @@
-"""The prepared-claims record: versioned, checksummed, two-phase, locked, O(1) per change.
+"""The prepared-claims record's format: versioned, checksummed, with a conversion from each
+older version to the current one.
 
 `checkpoint.json` is a snapshot (kind `dra-plugin/prepared-claims-snapshot`, version 2;
 `{"kind", "version", "checksum": "sha256:<hex of the canonical payload>", "payload":
@@ -6,12 +7,19 @@
 one checksummed line per change since it. A change appends lines (`durable`: fdatasync'd);
 once the journal outgrows max(COMPACT_BYTES, 2 x snapshot) a new snapshot is written and
 the journal starts over, so bytes written per change do not grow with the claims held.
-Version 1 files (kind `dra-plugin/prepared-claims`, the whole record rewritten on every
-change) are read as the snapshot: the first append migrates. The kind changed so that an
-older plugin (downgrade, old pod of a rolling update) finds a foreign file and rebuilds
-from the spec files instead of missing the journal's claims.
 
-- Unknown fields (a newer plugin wrote the file) are tolerated and kept on rewrite.
+Versions, each read through its conversion (`UPGRADES`: version -> a function bringing its
+payload one version up), as the DRA example driver reads its older checkpoints:
+- 1 (kind `dra-plugin/prepared-claims`): the whole record rewritten on every change, with
+  the payload of version 2; the first append migrates. The kind changed so that an older
+  plugin (downgrade, old pod of a rolling update) finds a foreign file and rebuilds from
+  the spec files instead of missing the journal's claims.
+- 2: the snapshot and its journal. Fields added within it are optional, and a file
+  without them reads as written before them: a device's `shares` (absent: 1 for a share,
+  else 0), its `vendor` entry (tests/fixtures/prevendor/), a claim's `deviceMetadata`.
+Unknown fields (a newer plugin wrote the file) are tolerated and kept on rewrite; a newer
+version is read as the current one.
+
 - Two-phase per claim: `started` before any side effect, `completed` after the CDI spec
   is written; `unpreparing` before the spec is removed. Whoever next holds the lock undoes
   `started` and finishes `unpreparing` (the lock is held across every operation, so a
@@ -20,6 +28,9 @@ from the spec files instead of missing the journal's claims.
   `<name>.corrupt-<UTC timestamp>` and the record is rebuilt from our CDI spec files.
 - Overlapping plugin instances (rolling update) share `checkpoint.lock` (flock); each
   re-reads only what changed (file identity and size say what).
+
+The record's types are records.py's, the share books and views over them claimmap.py's;
+both are re-exported here for the code and tools that know them as snapshot.<name>.
 """
 
 from __future__ import annotations
@@ -27,17 +38,46 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import ItemsView, Iterable, Iterator, Mapping, MutableMapping, ValuesView
-from dataclasses import dataclass, field
-from enum import StrEnum
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from dra_plugin.checkpoint.claimmap import ClaimMap, DeviceBook, State
+from dra_plugin.checkpoint.records import (
+    BOOT_ID_PATH,
+    COMPLETED,
+    STARTED,
+    STATES,
+    UNPREPARING,
+    CheckpointError,
+    ClaimRecord,
+    ClaimState,
+    DeviceRecord,
+    holder,
+    read_boot_id,
+)
 
 # Re-exported for the tests and tools that know them as checkpoint.<name>.
 from dra_plugin.host.files import FileLock, atomic_write
-from dra_plugin.vendors.claimcontext import VendorEntry, valid_vendor_entry
+from dra_plugin.vendors.claimcontext import valid_vendor_entry
 
-__all__ = ["FileLock", "atomic_write"]
+__all__ = [
+    "BOOT_ID_PATH",
+    "COMPLETED",
+    "STARTED",
+    "STATES",
+    "UNPREPARING",
+    "CheckpointError",
+    "ClaimMap",
+    "ClaimRecord",
+    "ClaimState",
+    "DeviceBook",
+    "DeviceRecord",
+    "FileLock",
+    "State",
+    "atomic_write",
+    "holder",
+    "read_boot_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -47,202 +87,26 @@ VERSION = 2
 FILE_NAME = "checkpoint.json"
 JOURNAL_NAME = "checkpoint.journal"
 LOCK_NAME = "checkpoint.lock"
-BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 NO_SNAPSHOT = "none"  # the base of a journal written before any snapshot
+KINDS = {1: FORMAT_KIND, 2: SNAPSHOT_KIND}  # the kind each version's file carries
 
 
-class ClaimState(StrEnum):
-    """A claim's state in the record; a StrEnum, so the file holds the same strings."""
-
-    STARTED = "started"
-    COMPLETED = "completed"
-    UNPREPARING = "unpreparing"
+def _from_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the same payload; only how it was kept changed (one file rewritten
+    whole, where version 2 keeps a snapshot and a journal of changes since)."""
+    return payload
 
 
-STARTED = ClaimState.STARTED
-COMPLETED = ClaimState.COMPLETED
-UNPREPARING = ClaimState.UNPREPARING
-STATES = tuple(ClaimState)
+# version -> its payload brought one version up; every version below VERSION has one.
+UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_v1}
 
 
-class CheckpointError(Exception):
-    """The checkpoint file is corrupt, foreign, or unreadable; the message says which."""
-
-
-def read_boot_id(path: Path = BOOT_ID_PATH) -> str:
-    return path.read_text().strip()
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    request_names: tuple[str, ...]
-    pool: str
-    device: str
-    cdi_ids: tuple[str, ...]
-    share_id: str | None = None
-    admin_access: bool = False
-    shares: int = 0  # shares of a shared device this result consumes (0: not a share)
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    vendor: VendorEntry | None = None  # the vendor's, opaque here (optional in the file)
-
-
-@dataclass(frozen=True)
-class ClaimRecord:
-    uid: str
-    namespace: str
-    name: str
-    state: ClaimState
-    spec_file: str
-    devices: tuple[DeviceRecord, ...] = ()
-    boot_id: str = ""  # the boot in which the spec file was last rendered
-    recovered: bool = False  # rebuilt from a spec file: request names unknown
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    # Device metadata files written (devicemetadata.Recorded as JSON); None: none. Optional
-    # in the file, so checkpoints written without it load unchanged.
-    device_metadata: Mapping[str, Any] | None = None
-
-
-def holder(rec: ClaimRecord) -> str:
-    """How messages name a claim; one rebuilt from its spec file has only its UID."""
-    if not rec.namespace and not rec.name:
-        return f"claim uid {rec.uid} (recovered from its CDI spec; name unknown)"
-    return f"claim {rec.namespace}/{rec.name} (uid {rec.uid})"
-
-
-@dataclass
-class DeviceBook:
-    """How the recorded claims use one device, kept up to date with them (ClaimMap.books):
-    a check reads it in O(1) however many claims hold the device. adminAccess results
-    never count."""
-
-    shares: int = 0  # shares held in all
-    sharers: dict[str, int] = field(default_factory=dict)  # uid -> shares it holds
-    exclusive: dict[str, None] = field(default_factory=dict)  # uids using it exclusively
-    # Records rebuilt from a spec file that did not carry them (`recovered`): their use
-    # is unknown, so they count as exclusive against any claim not already recorded.
-    unknown: dict[str, None] = field(default_factory=dict)
-
-    def __bool__(self) -> bool:
-        return bool(self.sharers or self.exclusive or self.unknown)
-
-
-class ClaimMap(MutableMapping[str, ClaimRecord]):
-    """uid -> record, plus the views every locked pass reads, kept up to date on each
-    change: O(devices of the claim) per change instead of a scan of every claim held on
-    every pass (a node with 8 GPUs x 128 shares holds 1,024 claims).
-
-    `unsettled`: the claims `started` or `unpreparing` (what recovery must settle), in
-    the order they became so. `by_device`: device -> uid -> record, every record naming
-    the device (adminAccess included); its keys are the devices held. `books`: device ->
-    its DeviceBook (running share totals, exclusive and unknown holders)."""
-
-    def __init__(self, items: Mapping[str, ClaimRecord] | None = None) -> None:
-        self._d: dict[str, ClaimRecord] = {}
-        self.unsettled: dict[str, None] = {}
-        self.by_device: dict[str, dict[str, ClaimRecord]] = {}
-        self.books: dict[str, DeviceBook] = {}
-        for uid, rec in (items or {}).items():
-            self[uid] = rec
-
-    def __getitem__(self, uid: str) -> ClaimRecord:
-        return self._d[uid]
-
-    def __setitem__(self, uid: str, rec: ClaimRecord) -> None:
-        old = self._d.get(uid)
-        self._d[uid] = rec
-        if rec.state == COMPLETED:
-            self.unsettled.pop(uid, None)
-        else:
-            self.unsettled[uid] = None
-        devices = {d.device for d in rec.devices}
-        if old is not None:
-            self._unbook(uid, old)
-            self._forget(uid, {d.device for d in old.devices} - devices)
-        for device in devices:  # a replaced record keeps its place among the holders
-            self.by_device.setdefault(device, {})[uid] = rec
-        self._book(uid, rec)
-
-    def __delitem__(self, uid: str) -> None:
-        rec = self._d.pop(uid)
-        self.unsettled.pop(uid, None)
-        self._unbook(uid, rec)
-        self._forget(uid, {d.device for d in rec.devices})
-
-    def _forget(self, uid: str, devices: Iterable[str]) -> None:
-        for device in devices:
-            holders = self.by_device.get(device)
-            if holders is not None:
-                holders.pop(uid, None)
-                if not holders:
-                    del self.by_device[device]
-
-    def _book(self, uid: str, rec: ClaimRecord) -> None:
-        for d in rec.devices:
-            if d.admin_access:
-                continue
-            book = self.books.setdefault(d.device, DeviceBook())
-            if rec.recovered:
-                book.unknown[uid] = None
-            elif d.share_id is not None:
-                book.sharers[uid] = book.sharers.get(uid, 0) + d.shares
-                book.shares += d.shares
-            else:
-                book.exclusive[uid] = None
-
-    def _unbook(self, uid: str, rec: ClaimRecord) -> None:
-        for device in {d.device for d in rec.devices if not d.admin_access}:
-            book = self.books.get(device)
-            if book is None:
-                continue
-            book.shares -= book.sharers.pop(uid, 0)
-            book.exclusive.pop(uid, None)
-            book.unknown.pop(uid, None)
-            if not book:
-                del self.books[device]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._d)
-
-    def __len__(self) -> int:
-        return len(self._d)
-
-    def __contains__(self, uid: object) -> bool:
-        return uid in self._d
-
-    # The dict's own views and lookups: the Mapping mixins would go through __getitem__.
-    def get(self, uid: str, default: Any = None) -> Any:
-        return self._d.get(uid, default)
-
-    def values(self) -> ValuesView[ClaimRecord]:
-        return self._d.values()
-
-    def items(self) -> ItemsView[str, ClaimRecord]:
-        return self._d.items()
-
-    def __repr__(self) -> str:
-        return f"ClaimMap({self._d!r})"
-
-
-@dataclass(init=False)
-class State:
-    boot_id: str
-    claims: ClaimMap
-    extra: dict[str, Any]
-    # The checksum of the snapshot this one replaced, written by plugins that bind the
-    # journal to its snapshot (the journal then always exists); None: an older snapshot.
-    previous: str | None
-
-    def __init__(
-        self,
-        boot_id: str,
-        claims: Mapping[str, ClaimRecord] | None = None,
-        extra: dict[str, Any] | None = None,
-        previous: str | None = None,
-    ) -> None:
-        self.boot_id = boot_id
-        self.claims = claims if isinstance(claims, ClaimMap) else ClaimMap(claims)
-        self.extra = {} if extra is None else extra
-        self.previous = previous
+def upgrade(payload: dict[str, Any], version: int) -> dict[str, Any]:
+    """A payload of `version` as the current version reads it (a newer one as it is)."""
+    while version < VERSION:
+        payload = UPGRADES[version](payload)
+        version += 1
+    return payload
 
 
 def _device_json(d: DeviceRecord) -> dict[str, Any]:
@@ -369,7 +233,7 @@ def decode_snapshot(raw: bytes, driver: str) -> tuple[State, str]:
         doc = json.loads(raw)
     except ValueError as exc:
         raise CheckpointError(f"not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("kind") not in (FORMAT_KIND, SNAPSHOT_KIND):
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS.values():
         raise CheckpointError(f"foreign file: kind is not {SNAPSHOT_KIND!r}")
     payload = doc.get("payload")
     if not isinstance(payload, dict):
@@ -382,6 +246,9 @@ def decode_snapshot(raw: bytes, driver: str) -> tuple[State, str]:
         raise CheckpointError(f"bad version {version!r}")
     if version > VERSION:
         log.info("checkpoint from a newer plugin version=%s; unknown fields are kept", version)
+    elif doc.get("kind") == FORMAT_KIND and version != 1:
+        raise CheckpointError(f"kind {FORMAT_KIND!r} with version {version!r}")
+    payload = upgrade(payload, version)
     if payload.get("driver") != driver:
         raise CheckpointError(f"foreign file: written for driver {payload.get('driver')!r}")
     claims = payload.get("claims", {})

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from dra_plugin.checkpoint.snapshot import ClaimMap, DeviceBook, DeviceRecord, holder
+from dra_plugin.checkpoint.claimmap import ClaimMap, DeviceBook
+from dra_plugin.checkpoint.records import DeviceRecord, holder
 from dra_plugin.devices import Device, is_dns_label, is_request_name
 from dra_plugin.sharing import Sharing, consumed_shares, is_share_id
 

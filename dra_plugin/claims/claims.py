@@ -149,6 +149,7 @@ class ClaimPreparer:
         self._made = MadeDevices(
             on_demand, self._metadata, contexts,
             lambda rec: self._checkpoint.put([rec], durable=False), cdi_root,
+            self._checkpoint.cached,
         )  # fmt: skip
         self._record = LockedRecord(
             self._checkpoint, cdi_root, driver, node_name, self._metadata, self._made

@@ -47,12 +47,30 @@ class MadeDevices:
         claim: Callable[[ClaimRecord], ClaimContext] = context.from_record,
         record: Callable[[ClaimRecord], None] | None = None,
         cdi_root: Path | None = None,
+        held: Callable[[], State | None] = lambda: None,
     ):
         self.on_demand = on_demand
         self._metadata = metadata
         self._claim = claim  # the context the vendor sees for a record
         self._record = record  # writes a claim's record now (not fsync'd)
         self._cdi_root = cdi_root  # where the spec records of `reconcile`'s writes are
+        self._held = held  # the record as the locked pass holds it (None: not loaded)
+
+    def _holders(self, device: str) -> dict[str, VendorEntry]:
+        """The vendor entries the record keeps for `device`: claim uid -> entry."""
+        state = self._held()
+        if state is None:
+            return {}
+        out: dict[str, VendorEntry] = {}
+        for uid, rec in state.claims.by_device.get(device, {}).items():
+            entry = next((d.vendor for d in rec.devices if d.device == device), None)
+            if entry is not None:
+                out[uid] = entry
+        return out
+
+    def _seeing(self, ctx: ClaimContext) -> ClaimContext:
+        """`ctx` that reads the other claims' vendor entries from the record."""
+        return replace(ctx, holders=self._holders)
 
     def _recording(
         self, ctx: ClaimContext, rec: ClaimRecord, *, spec_record: bool = False
@@ -61,6 +79,7 @@ class MadeDevices:
         after entry (each write keeps the entries written before it). `spec_record`: the
         spec record beside the claim's spec is written too, for a claim whose spec is not
         rendered again in this pass (start-up), so the two still agree."""
+        ctx = self._seeing(ctx)
         if self._record is None:
             return ctx
         write = self._record
@@ -111,7 +130,7 @@ class MadeDevices:
             claim = ClaimContext(ref.uid, ref.namespace, ref.name, from_record=True)
         else:
             return
-        self.on_demand.release(claim)
+        self.on_demand.release(self._seeing(claim))
 
     def remove_owned(self, rec: ClaimRecord) -> None:
         """What a record owns besides its spec: device metadata, devices made for it."""

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any, Protocol, TypeVar
 
 from dra_plugin.checkpoint.checkpoint import Checkpoint
-from dra_plugin.checkpoint.snapshot import CheckpointError
+from dra_plugin.checkpoint.snapshot import CheckpointError, State
 from dra_plugin.config import Config
 from dra_plugin.doctor.containerd import check_cdi_dir, check_containerd
 from dra_plugin.doctor.nodecheck import check_links, check_modules, check_pci
@@ -27,6 +27,7 @@ from dra_plugin.findings.findings import Finding, Report, Status
 from dra_plugin.host.hostview import GpuVendor, Host
 from dra_plugin.vendors import registry
 from dra_plugin.vendors.base import DoctorContext
+from dra_plugin.vendors.claimcontext import VendorEntry
 
 _T = TypeVar("_T")
 
@@ -210,9 +211,10 @@ def run_doctor(
     vendor_findings: list[Finding] = []
     for vendor in registry.VENDORS:
         name = cfg.driver(vendor.name).driver_name
+        state = _record(cfg, name)
         ctx = DoctorContext(
             host, bus, loaded, talos, enabled=vendor.name in cfg.vendors,
-            plugin_dir=cfg.plugin_dir(name), held=_held(cfg, name),
+            plugin_dir=cfg.plugin_dir(name), held=_held(state), entries=_entries(state),
         )  # fmt: skip
         vendor_findings += cfg.driver(vendor.name).doctor(ctx)
     pci = check_pci(cfg, host, gpus, loaded)
@@ -275,10 +277,25 @@ def exit_code(report: Report) -> int:
     return int(report.worst)
 
 
-def _held(cfg: Config, driver: str) -> frozenset[str] | None:
-    """The claims a driver's checkpoint holds, read only (None: cannot tell)."""
+def _record(cfg: Config, driver: str) -> State | Exception | None:
+    """A driver's checkpoint, read only (None: none yet; an exception: cannot tell)."""
     try:
-        state = Checkpoint(cfg.plugin_dir(driver), driver).read()
-    except (OSError, CheckpointError):
+        return Checkpoint(cfg.plugin_dir(driver), driver).read()
+    except (OSError, CheckpointError) as exc:
+        return exc
+
+
+def _held(state: State | Exception | None) -> frozenset[str] | None:
+    """The claims a driver's checkpoint holds (None: cannot tell)."""
+    if isinstance(state, Exception):
         return None
     return frozenset(state.claims) if state is not None else frozenset()
+
+
+def _entries(state: State | Exception | None) -> dict[str, list[VendorEntry | None]] | None:
+    """The vendor entries of each claim a driver's checkpoint holds (None: cannot tell)."""
+    if isinstance(state, Exception):
+        return None
+    if state is None:
+        return {}
+    return {uid: [d.vendor for d in rec.devices] for uid, rec in state.claims.items()}

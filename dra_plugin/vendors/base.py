@@ -169,6 +169,9 @@ class DoctorContext:
     enabled: bool  # whether this vendor is in VENDORS
     plugin_dir: Path | None = None  # the driver's plugin dir (its own records)
     held: frozenset[str] | None = None  # claim UIDs its checkpoint holds (None: unknown)
+    # The vendor entries its checkpoint holds: claim uid -> its devices' entries (None:
+    # unknown). Read only, as the record stood when doctor read it.
+    entries: Mapping[str, Sequence[VendorEntry | None]] | None = None
 
 
 class Vendor(ABC):

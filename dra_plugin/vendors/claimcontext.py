@@ -14,7 +14,8 @@ each spec) and hands it back; it never reads inside it. The entries `OnDemand.ma
 returns are written with the claim's `completed` entry; a vendor that must have an entry
 on disk before it changes the hardware (the intent before a partition is made), or
 that moves what an older version kept elsewhere into the record, writes it at once with
-`ClaimContext.record`.
+`ClaimContext.record`. What other claims keep for a device (units of a shared GPU they
+use) is read from the record too (`ClaimContext.peers`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from typing import Any
 VendorEntry = Mapping[str, Any]
 # Writes whole vendor entries (device name -> entry) into the claim's record now.
 Recorder = Callable[[Mapping[str, VendorEntry]], None]
+# The vendor entries the record keeps for a device in the claims it holds: device name ->
+# {claim uid: entry}, read from the record as it stands under the claim lock.
+Holders = Callable[[str], Mapping[str, VendorEntry]]
 
 
 class NotRecordable(Exception):
@@ -105,6 +109,8 @@ class ClaimContext:
     # Set by the claim passes where the hook may write its entries at once (make,
     # reconcile); None elsewhere (release: the claim is about to leave the record).
     recorder: Recorder | None = field(default=None, compare=False, repr=False)
+    # Set by the claim passes for every hook; None: no record to read (tests, tools).
+    holders: Holders | None = field(default=None, compare=False, repr=False)
 
     def configs_for(self, request: str) -> tuple[OpaqueConfig, ...]:
         """The configs that apply to `request`, lowest precedence first (the last wins)."""
@@ -132,6 +138,16 @@ class ClaimContext:
         if self.recorder is None:
             raise NotRecordable(f"{self}: no record to write vendor entries to here")
         self.recorder(entries)
+
+    def peers(self, device: str) -> Mapping[str, VendorEntry]:
+        """The vendor entries the record keeps for `device` in every other claim it holds
+        (claim uid -> entry; claims with no entry there left out), as the record stands
+        under the claim lock: what the other claims use of a shared device, also those
+        the other plugin instance of a rolling update prepared. The record is the one
+        store of such state: a vendor keeps no book of its own beside it."""
+        if self.holders is None:
+            return {}
+        return {uid: e for uid, e in self.holders(device).items() if uid != self.uid}
 
     def __str__(self) -> str:
         if not self.namespace and not self.name:

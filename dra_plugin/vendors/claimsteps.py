@@ -71,7 +71,8 @@ class ClaimSteps:
             try:
                 made = step.make(seen, current)
             except MakeError:
-                self._release(done, claim)
+                # The earlier steps see what they made (their entries: not recorded yet).
+                self._release(done, claim.with_vendor(entries))
                 raise
             done.append(step)
             current = list(made.devices)

@@ -252,6 +252,7 @@ def start(
     root: Path | None = None,
     timeout: float = START_TIMEOUT_S,
     extra_args: tuple[str, ...] = (),
+    serving_ips: tuple[str, ...] = (),
 ) -> ApiServer:
     """Build (if needed) and start a judge; returns once /readyz is ok.
 
@@ -260,6 +261,8 @@ def start(
     "resource.k8s.io/v1beta2=true" (default: what a default cluster serves, v1 only).
     `root`: a directory an earlier judge used (its etcd data is kept), else a new one.
     `extra_args`: more kube-apiserver flags (the real node's: how to reach its kubelet).
+    `serving_ips`: addresses the serving certificate names besides 127.0.0.1 (the real
+    node's `kubernetes` Service ClusterIP, which its pods connect to).
     """
     binary = build.build().binary("apiserver")
     if root is None:
@@ -274,6 +277,7 @@ def start(
         args.append(f"--feature-gates={feature_gates}")
     if runtime_config:
         args.append(f"--runtime-config={runtime_config}")
+    args += [f"--serving-ip={ip}" for ip in serving_ips]
     # As kubeadm and every distribution set it: the plugin's DaemonSet (NVIDIA) and its
     # MPS control daemons are privileged pods (kube-apiserver's own default refuses them).
     args += ["--", "--allow-privileged=true", *extra_args]

@@ -249,6 +249,10 @@ def restore_host(layout: Layout) -> None:
     for path in undo.get("device_nodes", []):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    # Host directories a pod's hostPath (DirectoryOrCreate) made for the node: empty ones go.
+    for path in undo.get("host_dirs", []):
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
     for name, value in undo.get("sysctls", {}).items():
         with contextlib.suppress(OSError):
             (Path("/proc/sys") / name).write_text(value + "\n")

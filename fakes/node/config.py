@@ -21,6 +21,10 @@ POD_SUBNET = "10.244.77.0/24"
 # kubelet refuses a loopback node IP, and the host's own address would put its anonymous
 # port on the network). Pods reach it; nothing off the machine does.
 NODE_IP = "10.244.77.1"
+# The `kubernetes` Service's ClusterIP: the first address of the API server judge's
+# --service-cluster-ip-range (10.0.0.0/16). The bridge holds it too, so the node's pods
+# reach the API server as in-cluster clients do (fakes/node/apiproxy.py).
+SERVICE_IP = "10.0.0.1"
 CGROUP_ROOT = "/dra-plugin-node"
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 
@@ -45,7 +49,11 @@ class Layout:
 
     @property
     def kubelet(self) -> Path:
-        return self.root / "kubelet"
+        """The kubelet's root dir. One letter: a unix socket path holds at most 107 bytes,
+        and the chart's DaemonSet registers as <registry>/<driver>-<pod uid>-reg.sock
+        (36 bytes of uid): under /var/lib/dra-plugin-node/kubelet that is 110 bytes for
+        gpu.nvidia.com (under a real node's /var/lib/kubelet, 95)."""
+        return self.root / "k"
 
     @property
     def registry(self) -> Path:
@@ -83,10 +91,11 @@ class Layout:
 
 def bridge_commands() -> list[list[str]]:
     """`ip` commands that make the node's bridge with its address (the CNI bridge plugin
-    then finds it ready)."""
+    then finds it ready) and the `kubernetes` Service's ClusterIP."""
     return [
         ["ip", "link", "add", BRIDGE, "type", "bridge"],
         ["ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE],
+        ["ip", "addr", "add", f"{SERVICE_IP}/32", "dev", BRIDGE],
         ["ip", "link", "set", BRIDGE, "up"],
     ]
 

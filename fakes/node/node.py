@@ -23,10 +23,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 from fakes.judges import apiserver, build
 from fakes.judges.apiserver import ApiServer
 from fakes.node import cleanup, config, images
+from fakes.node.apiproxy import Forwarder
 from fakes.node.config import Layout
 from fakes.ports import free_port
 
@@ -85,6 +87,7 @@ class Node:
     _lock: IO[str] | None = None
     name: str = NODE_NAME
     healthz_port: int = 0
+    proxy: Forwarder | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
     @classmethod
@@ -97,6 +100,7 @@ class Node:
             for d in (layout.logs, layout.work, layout.cdi, layout.cni_conf, layout.kubelet):
                 d.mkdir(parents=True, exist_ok=True)
             cleanup.record_host_state(layout)
+            share_mounts(root)
             cleanup.make_cgroup_root()
             for command in config.bridge_commands():
                 subprocess.run(command, check=True, capture_output=True)
@@ -108,12 +112,14 @@ class Node:
             api = apiserver.start(
                 root=root / "apiserver",
                 extra_args=("--kubelet-preferred-address-types=InternalIP",),
+                serving_ips=(config.SERVICE_IP,),
             )
             cleanup.record_pid(layout, "apiserver", api._proc.pid)
             kubeconfig = config.kubeconfig(
                 layout.work / "admin.kubeconfig", api.url, api.ca_file, api.admin_token
             )
             node = cls(layout, api, kubeconfig, binaries, {"containerd": containerd}, _lock=lock)
+            node.proxy = Forwarder(_port(api.url))
             node.seconds["apiserver"] = api.start_seconds
             node._import_images()
             node._start_control_plane()
@@ -127,6 +133,9 @@ class Node:
             raise
 
     def down(self) -> None:
+        if self.proxy is not None:
+            self.proxy.close()
+            self.proxy = None
         cleanup.teardown(self.layout)
         if self._lock is not None:
             self._lock.close()
@@ -237,6 +246,7 @@ class Node:
         keep = {p.pid for p in self.procs.values()} | {self.api._proc.pid}
         cleanup.kill_all_but(self.layout, keep)
         cleanup.unmount_all(self.layout.root)
+        share_mounts(self.layout.root)
         for run_dir in (self.layout.containerd / "state", self.layout.runc_root):
             shutil.rmtree(run_dir, ignore_errors=True)
         cleanup.remove_cgroups()
@@ -244,6 +254,9 @@ class Node:
         cleanup.make_cgroup_root()
         for command in config.bridge_commands():
             subprocess.run(command, check=True, capture_output=True)
+        if self.proxy is not None:  # kube-proxy's part starts again with the node
+            self.proxy.close()
+            self.proxy = Forwarder(_port(self.api.url))
         self.procs["containerd"] = _start_containerd(self.layout, self.binaries)
         self.start_kubelet()
         self.wait_ready()
@@ -282,6 +295,22 @@ class Node:
 
     def tails(self) -> str:
         return "\n".join(f"--- {n}\n{self.tail(n, 15)}" for n in self.procs)
+
+
+def share_mounts(root: Path) -> None:
+    """The node's directory as a shared mount of its own, as a systemd machine's / is
+    (systemd makes it shared at boot): a pod's HostToContainer or Bidirectional
+    mountPropagation needs its hostPath on a shared (or slave) mount, and a container
+    runtime refuses the pod otherwise ("is mounted on / but it is not a shared or slave
+    mount"; this machine's / is private). teardown unmounts it with everything under it."""
+    subprocess.run(["mount", "--bind", str(root), str(root)], check=True, capture_output=True)
+    subprocess.run(["mount", "--make-rshared", str(root)], check=True, capture_output=True)
+
+
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
 
 
 def _healthy(port: int) -> bool:

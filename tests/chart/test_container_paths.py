@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from dra_plugin.host import udev, vfio
+from dra_plugin.options import SOCKET_PATH_MAX
 from dra_plugin.vendors.amd import devices as amd_devices
 from dra_plugin.vendors.nvidia import model as nvidia_model
 
-from .rendering import Manifest, only
+from .rendering import Manifest, only, run_helm, template_args
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"  # the API server's default
 
@@ -147,3 +148,30 @@ def test_the_rule_on_made_up_pods(read_only: bool) -> None:
     assert termination_file_problems(pod) == [
         "c: volume f is mounted at /var/log/app/termination itself"
     ]
+
+
+# The kubelet root of the real node's first try (fakes/node/config.py shortened it): with a
+# pod UID in the socket names, gpu.intel.com's registration socket was 109 bytes and the
+# plugin exited at start ("unix sockets allow at most 107") in a crash loop.
+LONG_KUBELET = "/var/lib/dra-plugin-node/kubelet"
+
+
+@pytest.mark.parametrize(
+    ("setting", "vendor"),
+    [
+        (f"kubelet.registrarDir={LONG_KUBELET}/plugins_registry", "intel"),
+        (f"kubelet.pluginsDir={LONG_KUBELET}/plugins/and/a/few/more/levels", "intel"),
+    ],
+)
+def test_kubelet_paths_too_long_for_the_sockets_are_refused(setting: str, vendor: str) -> None:
+    proc = run_helm(*template_args(None, "--set", setting), check=False)
+    assert proc.returncode != 0, f"{setting} was accepted"
+    assert f"at most {SOCKET_PATH_MAX}" in proc.stderr and f"{vendor}.driverName" in proc.stderr
+
+
+def test_the_sockets_fit_under_the_default_and_the_nodes_kubelet_dirs() -> None:
+    for kubelet in ("/var/lib/kubelet", "/var/lib/dra-plugin-node/k"):
+        sets = [f"kubelet.registrarDir={kubelet}/plugins_registry"]
+        sets += [f"kubelet.pluginsDir={kubelet}/plugins", "amd.enabled=true"]
+        args = [a for s in sets for a in ("--set", s)]
+        assert run_helm(*template_args(None, *args), check=False).returncode == 0, kubelet

@@ -2,7 +2,8 @@
 
 The base is made here: `debootstrap --variant=minbase bookworm` (from the machine's
 Debian mirror), its apt caches dropped, imported into podman as localhost/debian-base.
-The Dockerfile is built on it with `--build-arg BASE_IMAGE=...` and the container then
+The Dockerfile is built on it with `--build-arg BASE_IMAGE=...` (fakes/imagebuild.py, which
+the real node's chart test builds the same image with) and the container then
 runs `dra-plugin --help`, `discover`, and `run` against the fake API server (in this
 process, on 127.0.0.1) until SIGTERM, with `--read-only` and the kubelet and CDI
 directories mounted as the chart mounts them.
@@ -23,50 +24,37 @@ v2 mount crun refuses on hybrid hosts, cgroups disabled, and ulimits a sandbox a
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import platform
 import re
-import resource
-import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import tarfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fakes import imagebuild
 from fakes.apiserver import FakeAPIServer
 from fakes.cluster import write_kubeconfig
+from fakes.imagebuild import BASE, SOURCE_LABEL, Podman, source_tree_hash
 from fakes.podman import Podman as RuntimePodman
 from fakes.podman import missing_tools as missing_runtime_tools
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("DRA_PLUGIN_IMAGE_CACHE", "/var/tmp/dra-plugin-image-test"))
-SUITE = "bookworm"
-BASE = f"localhost/debian-base:{SUITE}"
-IMAGE = "localhost/dra-plugin:test-debian"
 NODE = "image-node"
 INTEL = "gpu.intel.com"
-TOOLS = ("debootstrap", "podman", "crun", "unshare", "mountpoint", "tar")
 # Paths the chart mounts from the host (values.yaml defaults).
 REGISTRAR = "/var/lib/kubelet/plugins_registry"
 PLUGINS = "/var/lib/kubelet/plugins"
 CDI = "/var/cdi/dynamic"
-
-
-CONTEXT = ("constraints.txt", "pyproject.toml", "README.md", "protos", "dra_plugin")
-SOURCE_LABEL = "io.github.dra-plugin.source-tree"
 
 
 def _unusable(reason: str) -> None:
@@ -74,30 +62,6 @@ def _unusable(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(reason + " (CI must build and run the image)")
     pytest.skip(reason)
-
-
-def _context_files() -> list[Path]:
-    """The files of the build context (.dockerignore lets only CONTEXT in), sorted."""
-    out: list[Path] = []
-    for name in CONTEXT:
-        top = REPO / name
-        found = [top] if top.is_file() else [p for p in top.rglob("*") if p.is_file()]
-        out += [
-            p
-            for p in found
-            if "__pycache__" not in p.parts
-            and not p.name.endswith(".pyc")
-            and not any(part.endswith(".egg-info") for part in p.parts)
-        ]
-    return sorted(out)
-
-
-def source_tree_hash() -> str:
-    """sha256 over the build context's paths and contents: what the image is built from."""
-    h = hashlib.sha256()
-    for p in _context_files():
-        h.update(p.relative_to(REPO).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
 
 
 # Run inside the image: the installed package's .py files, hashed as package_hash() does.
@@ -119,132 +83,9 @@ def package_hash() -> str:
     return h.hexdigest()
 
 
-def _debian_mirror() -> str | None:
-    """The machine's own Debian mirror (apt's sources), else debootstrap's default."""
-    texts = [p.read_text() for p in Path("/etc/apt/sources.list.d").glob("*.sources")]
-    for text in texts:  # deb822: "URIs: <url>" in a stanza whose suites are plain bookworm
-        for stanza in text.split("\n\n"):
-            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
-            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
-            if uris and suites and SUITE in suites.group(1).split():
-                return uris.group(1)
-    sources = Path("/etc/apt/sources.list")
-    if sources.exists():
-        m = re.search(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s", sources.read_text(), re.M)
-        if m:
-            return m.group(1)
-    return None
-
-
-def _ca_bundle() -> str | None:
-    """The CA bundle this machine's pip trusts, for a TLS-intercepting proxy in the build."""
-    for candidate in (
-        os.environ.get("PIP_CERT"),
-        os.environ.get("SSL_CERT_FILE"),
-        "/etc/ssl/certs/ca-certificates.crt",
-    ):
-        if candidate and os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-@dataclass(frozen=True)
-class Done:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-class Podman:
-    """podman with its own storage under CACHE, in a private mount namespace."""
-
-    def __init__(self, cache: Path) -> None:
-        self.cache = cache
-        self.conf = cache / "containers.conf"
-        self.conf.write_text(
-            "[containers]\n"
-            'cgroups = "disabled"\n'
-            "[engine]\n"
-            'cgroup_manager = "cgroupfs"\n'
-            'events_logger = "file"\n'
-            'runtime = "crun"\n'
-        )
-
-    def argv(self, args: Sequence[str]) -> list[str]:
-        podman = [
-            "podman",
-            "--root", str(self.cache / "storage"),
-            "--runroot", str(self.cache / "run"),
-            "--tmpdir", str(self.cache / "tmp"),
-            *args,
-        ]  # fmt: skip
-        script = (
-            # crun: "cgroups in hybrid mode not supported": drop the v2 mount here only.
-            "if mountpoint -q /sys/fs/cgroup/unified; then umount /sys/fs/cgroup/unified; fi\n"
-            "exec " + " ".join(shlex.quote(a) for a in podman)
-        )
-        return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script]
-
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "CONTAINERS_CONF": str(self.conf)}
-
-    def __call__(self, *args: str, timeout: float = 120, stdin: bytes | None = None) -> Done:
-        (self.cache / "tmp").mkdir(parents=True, exist_ok=True)
-        r = subprocess.run(
-            self.argv(args), capture_output=True, input=stdin, timeout=timeout, env=self.env()
-        )
-        return Done(
-            r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
-        )
-
-    def check(self, *args: str, timeout: float = 120) -> Done:
-        r = self(*args, timeout=timeout)
-        assert r.returncode == 0, f"podman {' '.join(args)} failed ({r.returncode}):\n{r.stderr}"
-        return r
-
-    @staticmethod
-    def ulimits() -> list[str]:
-        # podman asks for nofile=1048576 by default; without CAP_SYS_RESOURCE (sandboxes,
-        # CI containers) raising past the hard limit fails.
-        out = []
-        for name, which in (("nofile", resource.RLIMIT_NOFILE), ("nproc", resource.RLIMIT_NPROC)):
-            hard = resource.getrlimit(which)[1]
-            value = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
-            out += ["--ulimit", f"{name}={value}:{value}"]
-        return out
-
-    def run_args(self, *extra: str) -> list[str]:
-        """`podman run` for the plugin image the way the chart runs it: read-only root,
-        writable /tmp, as root."""
-        return [
-            "run", "--rm", "--read-only", "--tmpfs", "/tmp", *self.ulimits(), *extra,
-        ]  # fmt: skip
-
-
-def _debootstrap_base(tarball: Path) -> None:
-    """A minbase Debian root, without apt's package cache and lists, as a tarball."""
-    work = tarball.parent / "rootfs.tmp"
-    shutil.rmtree(work, ignore_errors=True)
-    cmd = ["debootstrap", "--variant=minbase", SUITE, str(work)]
-    mirror = _debian_mirror()
-    if mirror:
-        cmd.append(mirror)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, f"debootstrap failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    for deb in (work / "var/cache/apt/archives").glob("*.deb"):
-        deb.unlink()
-    for path in [*(work / "var/cache/apt").glob("*.bin"), *(work / "var/lib/apt/lists").iterdir()]:
-        if path.is_file():
-            path.unlink()
-    partial = tarball.with_suffix(".tmp")
-    subprocess.run(["tar", "-C", str(work), "-cf", str(partial), "."], check=True, timeout=300)
-    partial.rename(tarball)
-    shutil.rmtree(work)
-
-
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
-    missing = [t for t in TOOLS if shutil.which(t) is None]
+    missing = imagebuild.missing_tools()
     if missing:
         _unusable(f"missing {', '.join(missing)} (bash .ci/setup --tests installs them)")
     if os.geteuid() != 0:
@@ -262,33 +103,16 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
             "can start a container: as root on a machine or VM with user and mount "
             "namespaces, not inside a chroot"
         )
-    CACHE.mkdir(parents=True, exist_ok=True)
-    # Several checkouts on one machine share the cache: one builds at a time.
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        p = Podman(CACHE)
-        tarball = CACHE / f"debian-{SUITE}-minbase-{platform.machine()}.tar"
-        if not tarball.exists():
-            _debootstrap_base(tarball)
-        if p("image", "exists", BASE).returncode != 0:
-            p.check("import", str(tarball), BASE, timeout=300)
+    with imagebuild.podman_with_base() as p:
         yield p
 
 
 @pytest.fixture(scope="module")
 def image(podman: Podman) -> str:
-    build = ["build", "--network=host", "--build-arg", f"BASE_IMAGE={BASE}", "-t", IMAGE]
-    build += ["--build-arg", f"SOURCE_TREE={source_tree_hash()}"]
-    ca = _ca_bundle()
-    if ca:
-        build += ["--secret", f"id=pip-ca,src={ca}"]
     started = time.monotonic()
-    r = podman(*build, str(REPO), timeout=900)
-    assert r.returncode == 0, f"the image did not build:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    built = imagebuild.build(podman)
     print(f"image built in {time.monotonic() - started:.0f}s")
-    # Keep the layer cache for reruns, not every build ever made.
-    podman("image", "prune", "-f", "--filter", "until=72h")
-    return IMAGE
+    return built
 
 
 def test_the_image_holds_this_checkout(podman: Podman, image: str) -> None:

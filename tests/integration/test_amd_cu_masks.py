@@ -16,6 +16,7 @@ import grpc
 import kubernetes_validate
 import pytest
 
+from dra_plugin.checkpoint.checkpoint import Checkpoint
 from fakes.amd_cu_crash import STEPS
 from fakes.cluster import Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim, Plugin
@@ -100,9 +101,17 @@ def cus(value: str) -> set[int]:
 
 
 def book(cluster: Cluster) -> dict[str, Any]:
-    path = cluster.plugins / AMD / "amd-cu-book.json"
-    data: dict[str, Any] = json.loads(path.read_text())["devices"]
-    return data
+    """device -> claim uid -> ranges, as the claims' records keep them (read from the
+    record's files as a new process would): the one store of the units."""
+    state = Checkpoint(cluster.plugins / AMD, AMD).read()
+    assert state is not None
+    out: dict[str, dict[str, Any]] = {}
+    for uid, rec in state.claims.items():
+        for d in rec.devices:
+            if d.vendor is not None and "cu" in d.vendor:
+                out.setdefault(d.device, {})[uid] = d.vendor["cu"]
+    assert not (cluster.plugins / AMD / "amd-cu-book.json").exists()  # no book beside it
+    return out
 
 
 def conditions(cluster: Cluster, name: str) -> list[dict[str, Any]]:
@@ -159,10 +168,10 @@ def test_shares_get_disjoint_masks_sized_to_their_compute_units(cluster: Cluster
     assert (plain["status"], plain["reason"]) == ("False", "AccountingOnly")
 
     # A restart keeps every range: the record answers the repeated prepares, and the
-    # next share is placed after them, even with the book gone meanwhile (it is written
-    # again from the record at start-up).
+    # next share is placed after them, even with the record damaged meanwhile (rebuilt
+    # from the records beside the specs, which carry the units).
     assert daemon.terminate() == 0
-    (cluster.plugins / AMD / "amd-cu-book.json").unlink()
+    (cluster.plugins / AMD / "checkpoint.json").write_text("damaged")
     daemon, plugin = start(cluster)
     assert [prepared_mask(cluster, plugin, r) for r in (a, b, odd)] == [
         "0:0-23",
@@ -201,10 +210,14 @@ def test_kill_9_mid_prepare_leaves_no_overlap(cluster: Cluster, step: str) -> No
         first.uid: [(min(cus(got_first)), max(cus(got_first)))],
         second.uid: [(min(cus(got_second)), max(cus(got_second)))],
     }
-    # The killed prepare was undone at the restart (its spec, with the units in its
-    # record, is not what the `started` entry says) and its units freed: the other share
-    # got them, and the repeated prepare got the rest.
-    assert (got_second, got_first) == ("0:0-47", "0:48-95")
+    if step == "cu-booked":
+        # No spec yet: the killed prepare was undone at the restart, its units left the
+        # record with it: the other share got them, and the repeated prepare the rest.
+        assert (got_second, got_first) == ("0:0-47", "0:48-95")
+    else:
+        # Its spec and the record beside it were whole and match its `started` entry
+        # (which carries its units since make recorded them): kept as prepared, with them.
+        assert (got_second, got_first) == ("0:48-95", "0:0-47")
     assert daemon.terminate() == 0
 
 
@@ -213,7 +226,7 @@ def test_kill_9_mid_unprepare_frees_the_range_once(cluster: Cluster) -> None:
     daemon, plugin = start(cluster, "fakes.amd_cu_crash", AMD_CU_KILL_AT="cu-freed")
     assert prepared_mask(cluster, plugin, a) == "0:0-23"
     assert prepared_mask(cluster, plugin, b) == "0:24-47"
-    with pytest.raises(grpc.RpcError):  # killed after the book freed a's units
+    with pytest.raises(grpc.RpcError):  # killed while a's record was `unpreparing`
         plugin.unprepare([a])
     daemon.proc.wait(10)
     assert daemon.proc.returncode == -9
@@ -229,8 +242,8 @@ def test_kill_9_mid_unprepare_frees_the_range_once(cluster: Cluster) -> None:
 
 def test_two_instances_of_a_rolling_update_never_hand_out_a_unit_twice(cluster: Cluster) -> None:
     """The old and the new plugin instance serve side by side: each prepare sees the
-    units the other instance gave out after it started (the book, under the shared
-    claim lock), not only those in the record when it started."""
+    units the other instance gave out after it started (the record, read again under
+    the shared claim lock), not only those in the record when it started."""
     old = cluster.start_daemon(pod_uid="1111-aaaa", env=env(cluster))
     old.wait_ready([AMD])
     new = cluster.start_daemon(pod_uid="2222-bbbb", env=env(cluster))

@@ -1,10 +1,16 @@
 """The damage matrix: every file we own x every way it can be damaged x while the plugin
 runs or while it is stopped, for an Intel driver (exclusive use) and NVIDIA in shared
-mode, with exclusive, shared and adminAccess claims, across restarts.
+mode, with exclusive, shared and adminAccess claims, across restarts. The shared driver
+runs a vendor step that keeps per-claim state in the record only (`Units`, as AMD's
+compute units and NVIDIA's time-slices do): what each share holds of its device is read
+from the other claims' vendor entries, so the damage reaches it too; and, as NVIDIA's MPS
+daemon of a shared GPU, a daemon per shared device made by its first share and removed
+by its last, who holds it read from the other claims' entries only.
 
 After every step: no exclusive device is prepared for two claims, shares never exceed the
-device's, every prepare the kubelet got an OK for stays prepared or is restored by its
-re-prepare, start-up never fails, and nothing outside our directories is touched.
+device's, every share the kubelet holds has its device's daemon, every prepare the
+kubelet got an OK for stays prepared or is restored by its re-prepare, start-up never
+fails, and nothing outside our directories is touched; at the end no daemon is left.
 In process (ClaimPreparer, the real files under tmp_path): the whole matrix takes seconds.
 docs/architecture.md ("Damage matrix") lists what each case costs.
 """
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +34,8 @@ from dra_plugin.claims.claims import ClaimPreparer
 from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device
 from dra_plugin.sharing import Sharing
+from dra_plugin.vendors.base import Made, MakeError
+from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
 from fakes.claim_harness import (
     DRIVER,
     FakeApi,
@@ -45,6 +54,58 @@ NVIDIA_DRIVER = "gpu.nvidia.com"
 SHARES = 2
 
 
+class Units:
+    """A vendor step whose state is the record's: each share gets one of its device's
+    SHARES units, chosen from the other claims' vendor entries (ClaimContext.peers) and
+    written into its own at once (as vendors/amd/cubook.py does), and its device's daemon,
+    named in its entry before it is made and removed when no other claim's entry names it
+    (as vendors/nvidia/mps.py serves a shared GPU)."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, tuple[str, int]] = {}  # claim uid -> (device, unit), last made
+        self.daemons: set[str] = set()  # devices whose daemon runs (outlives the plugin)
+        self._leaving: dict[str, set[str]] = {}  # device -> claims released, this process
+
+    def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
+        entries: dict[str, VendorEntry] = {}
+        for d in claim.devices:
+            if d.share_id is None or d.admin_access:
+                continue
+            unit = (d.vendor or {}).get("unit")
+            if not isinstance(unit, int):
+                taken = {e.get("unit") for e in claim.peers(d.device).values()}
+                free = sorted(set(range(SHARES)) - taken)
+                if not free:
+                    raise MakeError(f"device {d.device}: no unit free")
+                unit = free[0]
+            entries[d.device] = {"v": 1, "unit": unit, "daemon": d.device}
+            self.given[claim.uid] = (d.device, unit)
+            self._leaving.get(d.device, set()).discard(claim.uid)
+        if entries:
+            claim.record(entries)
+        self.daemons.update(entries)  # made after the entries name them
+        return Made(list(devices), entries)
+
+    def release(self, claim: ClaimContext) -> None:
+        self.given.pop(claim.uid, None)
+        for d in claim.devices:
+            device = (d.vendor or {}).get("daemon")
+            if not isinstance(device, str):
+                continue
+            named = {u for u, e in claim.peers(device).items() if e.get("daemon") == device}
+            others = named - self._leaving.get(device, set())
+            if others:
+                self._leaving[device] = (self._leaving.get(device, set()) & others) | {claim.uid}
+            else:
+                self.daemons.discard(device)
+                self._leaving.pop(device, None)
+
+    def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
+        named = {(d.vendor or {}).get("daemon") for c in held.values() for d in c.devices}
+        self.daemons &= {n for n in named if isinstance(n, str)}
+        self._leaving.clear()
+
+
 @dataclass
 class Node:
     """One driver's world: its devices, the API's claims, what the kubelet holds."""
@@ -57,6 +118,7 @@ class Node:
     api: FakeApi = field(default_factory=FakeApi)
     acked: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> claim: prepared OK
     p: ClaimPreparer | None = None
+    units: Units = field(default_factory=Units)
 
     def __post_init__(self) -> None:
         if self.vendor == "nvidia":
@@ -78,6 +140,7 @@ class Node:
             driver=self.driver,
             sharing=sharing,
             device_metadata=True,
+            on_demand=self.units if self.shared else None,
         )
         asyncio.run(self.p.startup())  # never fails, whatever it finds
 
@@ -131,6 +194,17 @@ class Node:
         for device, n in shares.items():
             assert device not in exclusive, f"{device} shared and held exclusively"
             assert n <= SHARES, f"{device}: {n} shares of {SHARES}"
+        # The record-kept units: every share the kubelet holds has one, none has another's.
+        if self.shared:
+            given = [self.units.given.get(u) for u, c in self.acked.items() if _shares(c)]
+            assert None not in given, (given, self.units.given)
+            assert len(set(given)) == len(given), f"a unit held twice: {given}"
+            for g in given:
+                assert g is not None and g[0] in self.units.daemons, (g, self.units.daemons)
+
+
+def _shares(c: dict[str, Any]) -> bool:
+    return any("shareID" in r for r in c["status"]["allocation"]["devices"]["results"])
 
 
 def _targets(node: Node, a_uid: str) -> dict[str, Path]:
@@ -221,6 +295,7 @@ def test_damage(tmp_path: Path, target: str, how: str, when: str, vendor: str) -
     assert node.prepare(f)[uid(6)], "gpu1 is still fully held"
     node.unprepare(*node.acked.values())
     node.start()
+    assert node.units.daemons == set(), "a daemon no claim holds is left"
     held = [p.name for p in (node.root / "cdi").iterdir() if uid(1)[:8] in p.name]
     assert held == [], held
     assert fingerprint(victim) == outside, "something outside our directories was changed"

@@ -25,6 +25,7 @@ from dra_plugin.slices.build import desired_slices
 from dra_plugin.telemetry.catalogue import XID_ERRORS, Reading
 from dra_plugin.vendors.nvidia.health import NvmlHealthMonitor
 from dra_plugin.vendors.nvidia.migbook import BOOK
+from dra_plugin.vendors.nvidia.migentry import target_of
 from dra_plugin.vendors.nvidia.nvml.library import session
 from dra_plugin.vendors.nvidia.nvml.miginstances import destroy, gpu_instances
 from dra_plugin.vendors.nvidia.telemetry import NvmlReader
@@ -114,10 +115,11 @@ def test_every_placement_is_made_on_prepare_and_destroyed_on_unprepare(
         dev = node.devices[name]
         obj = placement_claim(i, name)
         assert prepare(node, api, obj) == "", name
-        target = dict(dev.extra)["placement"].split(",")
-        gpu = int(target[1])  # the stand-in's minors are its indexes
+        target = target_of(dev)
+        assert target is not None and "placement" not in dict(dev.extra)
+        gpu = target.minor  # the stand-in's minors are its indexes
         ((profile, start, size, computes),) = live(fake, gpu)
-        assert (profile, start, size) == (int(target[2]), int(target[3]), int(target[4]))
+        assert (profile, start, size) == (target.profile, target.start, target.size)
         assert len(computes) == 1
         spec = json.loads(next((node.root / "cdi").glob("*.json")).read_text())
         paths = [n["path"] for d in spec["devices"] for n in d["containerEdits"]["deviceNodes"]]
@@ -125,7 +127,11 @@ def test_every_placement_is_made_on_prepare_and_destroyed_on_unprepare(
         ((uid, entry),) = recorded(node).items()
         assert uid == obj["metadata"]["uid"] and entry is not None
         assert entry["uuid"].startswith("MIG-") and entry["boot"] == "boot-1"
-        assert [entry["profile"], entry["start"], entry["size"]] == [int(x) for x in target[2:5]]
+        assert [entry["profile"], entry["start"], entry["size"]] == [
+            target.profile,
+            target.start,
+            target.size,
+        ]
         assert (entry["gi"], entry["ci"]) == (made_ids(fake, gpu), 0)
         # Discovery follows: the placement device now carries its instance's UUID.
         assert node.rescan()[name].uuid == entry["uuid"]
@@ -177,8 +183,8 @@ def test_an_administrators_instance_is_published_as_it_is_and_never_touched(
     assert [d.name for d in static] == ["gpu-0-mig-3g20gb-9-4"]
     assert static[0].uuid and static[0].uuid.startswith("MIG-")
     for name in placements(node):  # no placement covers its slices 4-7
-        start, size = (int(x) for x in node.devices[name].extra_value("placement").split(",")[3:5])  # type: ignore[union-attr]
-        assert start + size <= 4, name
+        t = target_of(node.devices[name])
+        assert t is not None and t.start + t.size <= 4, name
     # Claiming the administrator's device prepares it as a static MIG device.
     obj = placement_claim(1, "gpu-0-mig-3g20gb-9-4")
     assert prepare(node, api, obj) == ""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from fakes.mps_harness import (
     mig,
     mps_config,
     preparer,
+    recorded,
     ref,
     two_group_claim,
 )
@@ -94,10 +96,11 @@ def home_of(root: Path, uid: str) -> Path:
 
 
 def homes(root: Path, uid: str) -> dict[tuple[str, ...], Path]:
-    """The claim's daemon dirs by the GPUs each daemon serves (its record's)."""
+    """The claim's daemon dirs by the GPUs each daemon serves (as its record says)."""
     out = {}
-    for d in (root / "state" / "mps").glob(f"claim-{uid}-*"):
-        out[tuple(json.loads((d / "daemon.json").read_text())["gpus"])] = d
+    for mps in recorded(root, uid).values():
+        out[tuple(mps["gpus"])] = root / "state" / "mps" / mps["dir"]
+    assert sorted(out.values()) == sorted((root / "state" / "mps").glob(f"claim-{uid}-*"))
     return out
 
 
@@ -479,33 +482,39 @@ def test_kill_9_then_start_up_alone_keeps_a_held_claims_daemon_or_removes_it(
             nothing_left(tmp_path, server, world)
 
 
-def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_uses(
+def test_doctor_reports_a_gpu_left_exclusive_and_a_daemon_no_held_claim_names(
     tmp_path: Path, world: MpsWorld
 ) -> None:
+    """Doctor reads the daemons from the claims' record (their entries), their dirs from
+    the plugin dir: a dir no held claim names, a GPU exclusive that no daemon serves."""
     from dra_plugin.findings.findings import Status
-    from dra_plugin.vendors.nvidia.mpsdaemon import DaemonLimits
+    from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits
     from dra_plugin.vendors.nvidia.mpsdoctor import check_mps
-    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord
+    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord, entry
 
     plugin_dir = tmp_path / "plugin"
-    assert [f.status for f in check_mps(world.driver_root, plugin_dir, frozenset(), False)] == [
-        Status.PASS
-    ]
+    assert [f.status for f in check_mps(world.driver_root, plugin_dir, {}, False)] == [Status.PASS]
     rec = DaemonRecord(f"claim-{UID1}", UID1, "mps-x", (UUID0,), DaemonLimits(), [UID1])
     (plugin_dir / "mps" / rec.dir).mkdir(parents=True)
-    (plugin_dir / "mps" / rec.dir / "daemon.json").write_bytes(rec.encode())
+    entries = {UID1: [{"v": 1, "mps": entry(rec, Path("/p"), Path("/s"), ClientLimits())}]}
     world.set_mode(UUID0, "EXCLUSIVE_PROCESS")  # served by the daemon above
     world.set_mode(UUID1, "EXCLUSIVE_PROCESS")  # left behind: nothing of ours serves it
 
-    held = check_mps(world.driver_root, plugin_dir, frozenset({UID1}), False)
+    held = check_mps(world.driver_root, plugin_dir, entries, False)
     assert [(f.status, UUID1 in f.found) for f in held] == [(Status.WARN, True)]
     assert f"nvidia-smi -i {UUID1} -c DEFAULT" in held[0].action
 
-    stale = check_mps(world.driver_root, plugin_dir, frozenset(), False)
+    stale = check_mps(world.driver_root, plugin_dir, {}, False)  # its claim is gone
     found = " | ".join(f.found for f in stale)
     assert all(f.status is Status.WARN for f in stale) and len(stale) == 3
-    assert "mps-x" in found and "serves no claim the plugin holds" in found
+    assert rec.dir in found and "named by no claim the plugin holds" in found
     assert UUID0 in found and UUID1 in found
+
+    unread = check_mps(world.driver_root, plugin_dir, None, False)  # the record unreadable
+    assert [(f.status, "not checked" in f.found) for f in unread] == [(Status.WARN, True)]
+    shutil.rmtree(plugin_dir / "mps")  # and no daemon dir: the GPUs are still checked
+    none = check_mps(world.driver_root, plugin_dir, None, False)
+    assert [f.status for f in none] == [Status.WARN, Status.WARN]
 
 
 @pytest.mark.slow

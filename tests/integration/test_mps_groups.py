@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from dra_plugin import crashpoints
 from dra_plugin.claims.contract import UNPREPARED
 from dra_plugin.devices import Device, is_dns_label
 from dra_plugin.kubeapi import KubeAPI
@@ -265,77 +264,3 @@ def test_the_daemon_and_its_clients_share_one_shm_in_either_branch_of_the_script
         assert root.endswith("/driver-root")
     else:
         assert roots == {""}
-
-
-# --- a daemon recorded by an earlier version -----------------------------------------------
-
-
-def test_a_claims_one_daemon_of_an_earlier_version_is_kept_then_removed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: FakeAPIServer
-) -> None:
-    """Earlier versions kept a claim's one daemon at mps/claim-<uid>. After an upgrade the
-    kubelet's repeated prepare keeps serving the claim with it (no second daemon for the
-    same GPU) and the unprepare removes it whole."""
-    world = world_at(tmp_path, monkeypatch, shell=False)
-    claim = server.add_claim(claim_obj(UID, ["gpu-0"], config=mps_config(threads=40)))
-    mps_dir = tmp_path / "state" / "mps"
-
-    async def go() -> None:
-        api = KubeAPI.from_url(server.url)
-        prep, _ = preparer(tmp_path, api, world.driver_root)
-        await prep.startup()
-        with MpsNode(server, NODE, world) as node:
-            assert (await prep.prepare([ref(claim)]))[UID].error == ""
-            # As an earlier version left it: the same daemon, recorded at claim-<uid>.
-            (group,) = mps_dir.glob(f"claim-{UID}-*")
-            legacy = mps_dir / f"claim-{UID}"
-            group.rename(legacy)
-            state = tmp_path / "node" / "mounts.json"
-            state.write_text(state.read_text().replace(group.name, legacy.name))
-            prep2, _ = preparer(tmp_path, api, world.driver_root)
-            await prep2.startup()  # reconcile keeps it: the claim is held
-            assert (await prep2.prepare([ref(claim)]))[UID].error == ""
-            assert len(deployments(server)) == 1 and len(node.started) == 1
-            assert [p.name for p in mps_dir.iterdir()] == [legacy.name]
-            assert await prep2.unprepare([ref(claim)]) == {UID: UNPREPARED}
-            assert deployments(server) == [] and world.mounted() == []
-            assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
-            assert list(mps_dir.iterdir()) == []
-        await api.close()
-
-    asyncio.run(go())
-
-
-def test_a_group_that_cannot_be_recorded_takes_the_groups_recorded_before_it_along(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: FakeAPIServer
-) -> None:
-    """The second group's record cannot be written (a full disk): the claim fails naming
-    its daemon and the first group's record goes too; nothing was made."""
-    world = world_at(tmp_path, monkeypatch, shell=False)
-    claim = server.add_claim(two_group_claim(UID))
-    written: list[str] = []
-
-    def on_step(name: str) -> None:
-        if name == "mps-recorded":
-            written.append(name)
-            if len(written) == 2:
-                raise OSError(28, "No space left on device")
-
-    async def go() -> str:
-        api = KubeAPI.from_url(server.url)
-        prep, _ = preparer(tmp_path, api, world.driver_root)
-        await prep.startup()
-        with MpsNode(server, NODE, world):
-            old = crashpoints.install(on_step)
-            try:
-                error = (await prep.prepare([ref(claim)]))[UID].error
-            finally:
-                crashpoints.install(old)
-        await api.close()
-        return error
-
-    error = asyncio.run(go())
-    assert "cannot record it" in error and "No space left" in error, error
-    assert deployments(server) == [] and world.mounted() == []
-    assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
-    assert list((tmp_path / "state" / "mps").iterdir()) == []

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def test_nvidias_time_slicing_manifests_set_the_gpu_and_reset_it(
     lib = droot / "usr/lib64/libnvidia-ml.so.1"  # the root's own path, as NVML finds it
     assert smi.preloads()[0].split(":")[0] == str(lib)
     entry = vendor_entries(tmp_path, ref(obj).uid)["gpu-3"]
-    assert entry["timeslice"] == {"gpu": GPU1, "interval": interval}
+    assert entry["timeslice"] == {"gpu": GPU1, "interval": interval, "at": 1, "boot": "boot-1"}
     # The kubelet's repeated prepare changes nothing on the GPU.
     assert prepare(node, obj) == ""
     assert len(smi.calls()) == 2
@@ -103,7 +104,7 @@ def test_nvidias_time_slicing_manifests_set_the_gpu_and_reset_it(
         ["-i", GPU1, "-c", "DEFAULT"],
         ["compute-policy", "-i", GPU1, "--set-timeslice", "0"],
     ]
-    assert json.loads((tmp_path / "state/timeslice.json").read_text())["gpus"] == {}
+    assert held(tmp_path) == set() and not (tmp_path / "state/timeslice.json").exists()
 
 
 def test_a_gpu_left_exclusive_is_set_back_to_default_for_a_whole_gpu_claim(
@@ -292,7 +293,7 @@ def test_not_supported_is_the_claims_error_unless_default_is_asked(
     api.add(obj)
     err = prepare(node, obj)
     assert f"device gpu-0: set the time-slice of GPU {GPU0} to 3" in err and "Not Supported" in err
-    assert json.loads((tmp_path / "state/timeslice.json").read_text())["gpus"] == {}
+    assert held(tmp_path) == set() and not (tmp_path / "state/timeslice.json").exists()
     spec = manifest_spec("gpu-test6.yaml")
     spec["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["timeSlicingConfig"] = {}
     default = allocated(2, spec, {"gpu": "gpu-0"})
@@ -304,7 +305,7 @@ def test_not_supported_is_the_claims_error_unless_default_is_asked(
     assert smi.gpu(GPU0)["timeslice"] == 0
 
 
-def test_a_restart_resets_gpus_of_claims_gone_and_a_reboot_sets_held_ones_again(
+def test_a_restart_sets_nothing_in_the_same_boot_and_a_reboot_sets_held_ones_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _, smi, api, make = node_for(tmp_path, monkeypatch)
@@ -315,21 +316,95 @@ def test_a_restart_resets_gpus_of_claims_gone_and_a_reboot_sets_held_ones_again(
     for obj in (held, gone):
         api.add(obj)
         assert prepare(node, obj) == ""
-    # The record and the spec lose `gone` (as after an unprepare whose reset never ran).
-    book = json.loads((tmp_path / "state/timeslice.json").read_text())
-    cp = record(tmp_path)
-    cp.read()
-    cp.drop([ref(gone).uid])
-    for f in (tmp_path / "cdi").glob(f"*{ref(gone).uid}*"):
-        f.unlink()
-    assert GPU1 in book["gpus"]
+    assert unprepare(node, gone) == ""
     calls = len(smi.calls())
-    start(make())  # the same boot: only the GPU of the claim gone is set
-    assert smi.calls()[calls:] == [["compute-policy", "-i", GPU1, "--set-timeslice", "0"]]
-    assert smi.gpu(GPU0)["timeslice"] == 3
-    # A reboot: every interval was reset; the held claim's is set again.
+    start(make())  # the same boot: the record says the held claim's GPU is set
+    assert smi.calls()[calls:] == []
+    assert (smi.gpu(GPU0)["timeslice"], smi.gpu(GPU1)["timeslice"]) == (3, 0)
+    # A reboot: every interval was reset; the held claim's is set again, once.
     state = smi.state()
     state["gpus"][GPU0]["timeslice"] = 0
     smi.state_path.write_text(json.dumps(state))
     start(make(boot="boot-2"))
     assert smi.gpu(GPU0)["timeslice"] == 3
+    assert vendor_entries(tmp_path, ref(held).uid)["gpu-0"]["timeslice"]["boot"] == "boot-2"
+    calls = len(smi.calls())
+    start(make(boot="boot-2"))
+    assert smi.calls()[calls:] == []
+
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "pretimeslice" / "timeslice.json"
+
+
+def test_the_old_book_is_read_once_its_gpus_of_claims_gone_reset_and_it_is_retired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tests/fixtures/pretimeslice/: `timeslice.json` as earlier versions wrote it. Its
+    claims on GPU0 are held (long, asked first; short, asked last: the record of either
+    has no order), GPU1's claim is gone (an unprepare whose reset never ran)."""
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make(shared=True)
+    start(node)
+    long = allocated(
+        1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(1)}
+    )
+    short = allocated(
+        2, manifest_spec("gpu-timeslicing.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(2)}
+    )
+    for obj in (short, long):  # recorded in the other order than the book says
+        api.add(obj)
+        assert prepare(node, obj) == ""
+    # As the earlier version recorded them: no order, no boot.
+    cp = record(tmp_path)
+    state = cp.read()
+    assert state is not None
+    cp.put(
+        replace(r, devices=tuple(replace(d, vendor={"v": 1, "timeslice": {
+            "gpu": GPU0, "interval": d.vendor["timeslice"]["interval"]}})  # type: ignore[index]
+            for d in r.devices))
+        for r in state.claims.values()
+    )  # fmt: skip
+    book = json.loads(FIXTURE.read_text())
+    assert set(book["gpus"]) == {GPU0, GPU1}
+    long_uid, short_uid = ref(long).uid, ref(short).uid
+    book["gpus"][GPU0]["claims"] = [[long_uid, 3], [short_uid, 1]]
+    (tmp_path / "state/timeslice.json").write_text(json.dumps(book))
+    smi.set_gpu(GPU1, timeslice=2)  # set for the claim gone
+    start(make(shared=True))
+    assert (smi.gpu(GPU0)["timeslice"], smi.gpu(GPU1)["timeslice"]) == (1, 0)
+    assert not (tmp_path / "state/timeslice.json").exists()
+    assert (tmp_path / "state/timeslice.json.migrated").exists()
+    # The book's order is the record's now: short asked last; its unprepare sets long's.
+    node = make(shared=True)
+    assert unprepare(node, short) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 3
+    assert unprepare(node, long) == ""
+    assert smi.gpu(GPU0)["timeslice"] == 0
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_a_damaged_record_keeps_what_each_claim_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """The record is the one store of the time-slice: damaged, it is rebuilt from the
+    records beside the specs, which carry each claim's entry, so the GPU is still set back
+    when its claim goes."""
+    _, smi, api, make = node_for(tmp_path, monkeypatch)
+    node = make()
+    start(node)
+    obj = allocated(1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-3"})
+    api.add(obj)
+    assert prepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == 3
+    for name in ("checkpoint.json", "checkpoint.journal"):
+        path = tmp_path / "state" / name
+        if damage == "missing":
+            path.unlink(missing_ok=True)
+        elif path.exists():
+            path.write_text("damaged")
+    node = make()
+    start(node)
+    assert vendor_entries(tmp_path, ref(obj).uid)["gpu-3"]["timeslice"]["gpu"] == GPU1
+    assert smi.gpu(GPU1)["timeslice"] == 3
+    assert unprepare(node, obj) == ""
+    assert smi.gpu(GPU1)["timeslice"] == 0

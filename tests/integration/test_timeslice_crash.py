@@ -1,7 +1,7 @@
 """kill -9 at every step of setting and resetting a GPU's time-slice, nvidia-smi call and
 `completed` record included: after the restart the GPU is at the claim's interval exactly
 when the claim is prepared (its spec is there) and at Default otherwise, the kubelet's
-repeated call succeeds, and at the end the GPU is at Default and the book is empty.
+repeated call succeeds, and at the end the GPU is at Default and no record asks for it.
 
 The plugin processes run in a fresh interpreter that forks one child per process (real
 SIGKILL, no threads in the parent): fakes/timeslice_crash.py.

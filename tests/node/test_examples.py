@@ -29,6 +29,12 @@ def _our_entries(claim: dict[str, Any], driver: str, node: str) -> list[dict[str
 
 
 def test_intel_smoke_test(node: node_session.Session) -> None:
+    intel_smoke_test(node)
+
+
+def intel_smoke_test(node: node_session.Session) -> None:
+    """examples/intel-smoke-test.yaml as the README promises it (also run against the chart's
+    DaemonSet: tests/node/test_chart.py)."""
     run = node_session.run_pod(node, "intel-smoke-test.yaml", "intel-gpu-smoke-test")
     nodes = parse_ls(run.log)
     cards = {n for n in nodes if n.startswith("card")}
@@ -42,6 +48,12 @@ def test_intel_smoke_test(node: node_session.Session) -> None:
 
 
 def test_amd_smoke_test(node: node_session.Session) -> None:
+    amd_smoke_test(node)
+
+
+def amd_smoke_test(node: node_session.Session) -> None:
+    """examples/amd-smoke-test.yaml as the README promises it (also run against the chart's
+    DaemonSet: tests/node/test_chart.py)."""
     run = node_session.run_pod(node, "amd-smoke-test.yaml", "amd-gpu-smoke-test")
     nodes = parse_ls(run.log)
     assert any(n.startswith("card") for n in nodes), run.log
@@ -53,6 +65,12 @@ def test_amd_smoke_test(node: node_session.Session) -> None:
 
 
 def test_nvidia_smoke_test(node: node_session.Session) -> None:
+    nvidia_smoke_test(node)
+
+
+def nvidia_smoke_test(node: node_session.Session) -> None:
+    """examples/nvidia-smoke-test.yaml as the README promises it (also run against the chart's
+    DaemonSet: tests/node/test_chart.py)."""
     run = node_session.run_pod(node, "nvidia-smoke-test.yaml", "nvidia-gpu-smoke-test")
     [claim] = run.claims
     [result] = claim["status"]["allocation"]["devices"]["results"]

@@ -1,10 +1,12 @@
 """Compute-unit masks for AMD shares (vendors/amd/cumask.py, cubook.py): placement, the
-HSA_CU_MASK syntax, the book and its recovery, the shared slice shape, and the status
-condition each vendor gives a share."""
+HSA_CU_MASK syntax, the record as their one store (and the old book's migration), the
+shared slice shape, and the status condition each vendor gives a share."""
 
 from __future__ import annotations
 
-import json
+import shutil
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import kubernetes_validate
@@ -15,9 +17,9 @@ from dra_plugin.claims.claimstatus import status_entries
 from dra_plugin.devices import Device, DeviceNode, make_device
 from dra_plugin.slices.build import desired_slices, validate_slice
 from dra_plugin.vendors.amd import cumask
-from dra_plugin.vendors.amd.cubook import BOOK, CuBook
+from dra_plugin.vendors.amd.cubook import BOOK, RETIRED, CuBook
 from dra_plugin.vendors.amd.vendor import AmdDriver, AmdVendor, cu_mask
-from dra_plugin.vendors.base import MakeError
+from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.basicsettings import defaults
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.intel.vendor import IntelVendor
@@ -125,75 +127,138 @@ def test_shared_amd_slice_books_compute_units() -> None:
     assert "computeUnits" not in small[0]["spec"]["devices"][0]["capacity"]
 
 
-# --- the book ------------------------------------------------------------------------
+# --- the record as the one store of the units ---------------------------------------
 
 
-def test_make_books_disjoint_ranges_and_release_frees_them(tmp_path: Path) -> None:
-    book, navi = CuBook(tmp_path), gpu()
-    a = book.make(claim("a" * 8, ("navi", 24)), [navi])
+class Record:
+    """The claims' vendor entries as the record keeps them (device -> uid -> entry): what
+    `ClaimContext.record` writes and `ClaimContext.peers` reads, as the claim passes wire
+    them (claims/made.py)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, dict[str, dict[str, object]]] = {}
+
+    def holders(self, device: str) -> dict[str, dict[str, object]]:
+        return dict(self.entries.get(device, {}))
+
+    def seeing(self, ctx: ClaimContext) -> ClaimContext:
+        def record(entries: Mapping[str, Mapping[str, object]]) -> None:
+            for device, entry in entries.items():
+                self.entries.setdefault(device, {})[ctx.uid] = dict(entry)
+
+        return replace(ctx, recorder=record, holders=self.holders)
+
+    def drop(self, uid: str) -> None:
+        for held in self.entries.values():
+            held.pop(uid, None)
+
+    def make(self, book: CuBook, ctx: ClaimContext, devices: list[Device]) -> Made:
+        """A prepare: make, then its entries with `completed`."""
+        made = book.make(self.seeing(ctx), devices)
+        for device, entry in made.vendor.items():
+            self.entries.setdefault(device, {})[ctx.uid] = dict(entry)
+        return made
+
+
+def test_make_records_disjoint_ranges_and_the_record_frees_them(tmp_path: Path) -> None:
+    rec, book, navi = Record(), CuBook(tmp_path, AMD), gpu()
+    a = rec.make(book, claim("a" * 8, ("navi", 24)), [navi])
     assert a.vendor == {"navi": {"v": 1, "cu": [[0, 23]], "units": 24}}
-    b = book.make(claim("b" * 8, ("navi", 40)), [navi])
+    b = rec.make(book, claim("b" * 8, ("navi", 40)), [navi])
     assert b.vendor["navi"]["cu"] == [[24, 63]]
-    # The same claim again (the kubelet's repeated call): the same units.
-    assert book.make(claim("a" * 8, ("navi", 24)), [navi]).vendor == a.vendor
-    stored = json.loads((tmp_path / BOOK).read_text())
-    assert stored == {"v": 1, "devices": {"navi": {"a" * 8: [[0, 23]], "b" * 8: [[24, 63]]}}}
+    # The same claim again (the kubelet's repeated call, from its record): the same units.
+    again = claim("a" * 8, ("navi", 24), vendor=dict(a.vendor["navi"]))
+    assert rec.make(book, again, [navi]).vendor == a.vendor
+    # Nothing beside the record: the units are in the claims' entries only.
+    assert list(tmp_path.iterdir()) == []
+    assert rec.entries["navi"] == {
+        "a" * 8: {"v": 1, "cu": [[0, 23]], "units": 24},
+        "b" * 8: {"v": 1, "cu": [[24, 63]], "units": 40},
+    }
     with pytest.raises(MakeError, match="consumes 40 compute units, but only 32 of 96"):
-        book.make(claim("c" * 8, ("navi", 40)), [navi])
+        rec.make(book, claim("c" * 8, ("navi", 40)), [navi])
     book.release(claim("a" * 8))
-    assert book.make(claim("c" * 8, ("navi", 40)), [navi]).vendor["navi"]["cu"] == [
+    rec.drop("a" * 8)  # the claim leaves the record, its units with it
+    assert rec.make(book, claim("c" * 8, ("navi", 40)), [navi]).vendor["navi"]["cu"] == [
         [0, 23],
         [64, 79],
     ]
 
 
+def test_units_are_in_the_record_before_make_returns(tmp_path: Path) -> None:
+    """Written at once: the next claim of the same pass (and a crash) sees them."""
+    rec, book, navi = Record(), CuBook(tmp_path, AMD), gpu()
+    book.make(rec.seeing(claim("a" * 8, ("navi", 24))), [navi])  # `completed` not yet
+    assert rec.entries["navi"]["a" * 8]["cu"] == [[0, 23]]
+    b = book.make(rec.seeing(claim("b" * 8, ("navi", 24))), [navi])
+    assert b.vendor["navi"]["cu"] == [[24, 47]]
+
+
 def test_odd_count_on_wgp_gpu_says_why_it_does_not_fit(tmp_path: Path) -> None:
-    book, navi = CuBook(tmp_path), gpu(cus=8)
-    book.make(claim("a" * 8, ("navi", 4)), [navi])
+    rec, book, navi = Record(), CuBook(tmp_path, AMD), gpu(cus=8)
+    rec.make(book, claim("a" * 8, ("navi", 4)), [navi])
     with pytest.raises(MakeError, match=r"rounded up to 4: .* in pairs, one WGP"):
-        book.make(claim("b" * 8, ("navi", 3)), [gpu(cus=6)])
+        rec.make(book, claim("b" * 8, ("navi", 3)), [gpu(cus=6)])
 
 
 def test_no_mask_without_compute_units(tmp_path: Path) -> None:
-    book = CuBook(tmp_path)
-    made = book.make(claim("a" * 8, ("navi", None)), [gpu()])
-    assert made.vendor == {} and not (tmp_path / BOOK).exists()
+    rec, book = Record(), CuBook(tmp_path, AMD)
+    made = rec.make(book, claim("a" * 8, ("navi", None)), [gpu()])
+    assert made.vendor == {} and rec.entries == {}
     # A device that publishes none (no KFD topology) gets none either.
-    assert CuBook(tmp_path).make(claim("a" * 8, ("navi", 4)), [gpu(cus=None)]).vendor == {}
+    assert rec.make(book, claim("a" * 8, ("navi", 4)), [gpu(cus=None)]).vendor == {}
 
 
-def test_reconcile_rebuilds_the_book_from_the_record(tmp_path: Path) -> None:
-    book, navi = CuBook(tmp_path), gpu()
-    book.make(claim("a" * 8, ("navi", 24)), [navi])
-    book.make(claim("gone" * 2, ("navi", 24)), [navi])  # its record was dropped
-    held = {"b" * 8: claim("b" * 8, ("navi", 8), vendor={"v": 1, "cu": [[40, 47]]})}
-    held["a" * 8] = claim("a" * 8, ("navi", 24))  # in the record without an entry: kept
-    book.reconcile(held)
-    stored = json.loads((tmp_path / BOOK).read_text())["devices"]["navi"]
-    assert stored == {"a" * 8: [[0, 23]], "b" * 8: [[40, 47]]}
+def test_a_recorded_range_held_by_another_claim_is_refused(tmp_path: Path) -> None:
+    rec, book, navi = Record(), CuBook(tmp_path, AMD), gpu()
+    rec.make(book, claim("a" * 8, ("navi", 24)), [navi])
     # A recorded entry is what a re-prepare keeps, as long as nobody else holds it.
-    again = book.make(claim("b" * 8, ("navi", 8), vendor={"v": 1, "cu": [[40, 47]]}), [navi])
-    assert again.vendor["navi"]["cu"] == [[40, 47]]
+    b = claim("b" * 8, ("navi", 8), vendor={"v": 1, "cu": [[40, 47]]})
+    assert rec.make(book, b, [navi]).vendor["navi"]["cu"] == [[40, 47]]
     clash = claim("c" * 8, ("navi", 8), vendor={"v": 1, "cu": [[20, 27]]})
     with pytest.raises(MakeError, match="also held by another claim"):
-        book.make(clash, [navi])
+        rec.make(book, clash, [navi])
 
 
-@pytest.mark.parametrize(
-    "damage", ["not json", '{"v": 1, "devices": {"navi": {"a": [[5, 1]]}}}', None]
-)
-def test_a_damaged_book_refuses_masks_until_a_restart(tmp_path: Path, damage: str | None) -> None:
-    book = CuBook(tmp_path)
-    book.reconcile({})
-    if damage is None:
-        (tmp_path / BOOK).unlink()  # gone while running: not taken as empty
-    else:
-        (tmp_path / BOOK).write_text(damage)
-    with pytest.raises(MakeError, match=r"compute-unit book .* restarts and rebuilds it"):
-        book.make(claim("a" * 8, ("navi", 4)), [gpu()])
-    book.release(claim("a" * 8))  # unprepare is never held up by it
-    CuBook(tmp_path).reconcile({})  # the restart
-    assert CuBook(tmp_path).make(claim("a" * 8, ("navi", 4)), [gpu()]).vendor
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "precubook"
+
+
+def test_the_old_book_is_moved_into_the_record_once_and_retired(tmp_path: Path) -> None:
+    """tests/fixtures/precubook/: `amd-cu-book.json` as versions up to this one wrote it
+    (claim a: in its record too; b: held, its record without the entry, as a claim kept
+    after a crash between the book and `completed` could be; gone: not held)."""
+    shutil.copy(FIXTURE / BOOK, tmp_path / BOOK)
+    a, b = "0a" * 4, "0b" * 4
+    rec = Record()
+    rec.entries["navi"] = {a: {"v": 1, "cu": [[0, 23]], "units": 24}}
+    held = {
+        a: rec.seeing(claim(a, ("navi", 24), vendor=rec.entries["navi"][a])),
+        b: rec.seeing(claim(b, ("navi", 16))),
+    }
+    book = CuBook(tmp_path, AMD)
+    book.reconcile(held)
+    assert rec.entries["navi"] == {
+        a: {"v": 1, "cu": [[0, 23]], "units": 24},
+        b: {"v": 1, "cu": [[24, 39]], "units": 16},  # from the book
+    }
+    assert not (tmp_path / BOOK).exists() and (tmp_path / RETIRED).exists()
+    # The units of the claim not held are free; b's are not.
+    c = rec.make(book, claim("0c" * 4, ("navi", 16)), [gpu()])
+    assert c.vendor["navi"]["cu"] == [[40, 55]]
+    # Read once: a second start finds nothing to migrate, and changes nothing.
+    before = {k: dict(v) for k, v in rec.entries.items()}
+    CuBook(tmp_path, AMD).reconcile(held)
+    assert rec.entries == before
+
+
+@pytest.mark.parametrize("damage", ["not json", '{"v": 1, "devices": {"navi": {"a": [[5, 1]]}}}'])
+def test_a_damaged_old_book_is_said_and_set_aside(tmp_path: Path, damage: str) -> None:
+    (tmp_path / BOOK).write_text(damage)
+    rec = Record()
+    held = {"a" * 8: rec.seeing(claim("a" * 8, ("navi", 4)))}
+    CuBook(tmp_path, AMD).reconcile(held)
+    assert rec.entries == {} and not (tmp_path / BOOK).exists()
+    assert rec.make(CuBook(tmp_path, AMD), claim("b" * 8, ("navi", 4)), [gpu()]).vendor
 
 
 # --- the mask of a claim --------------------------------------------------------------

@@ -181,6 +181,10 @@ def test_calls_whose_claim_gets_are_in_flight_join_one_pass(
     for i, c in enumerate(claims):
         api.delay[c["metadata"]["name"]] = 0.002 * i  # a GET ends every 2 ms
     p = harness.preparer(api, sharing=Sharing(N), started=True)
+    # A gap far above the GETs' 2 ms, so a busy machine's timer jitter (parallel test
+    # workers) cannot split the burst; without the wait for arrivals the first GET's
+    # pass would start alone whatever the gap.
+    p._commit.gap, p._commit.linger = 1.0, 10.0
     before = p._commit.passes
     answers = asyncio.run(concurrently(p, claims))
     assert p._commit.passes - before == 1

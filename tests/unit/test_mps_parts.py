@@ -202,6 +202,33 @@ def test_telemetry_reads_each_daemon_serving_the_device_with_its_limits() -> Non
     }
 
 
+def test_the_record_keeps_each_daemon_whole_and_the_daemons_are_read_back_from_it() -> None:
+    """Each served device's entry keeps the whole daemon; the daemons, their holders and a
+    shared GPU's own limits are read back from the claims' entries (mpsrecord.index)."""
+    from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord, daemon_of, entry, index
+
+    group = DaemonRecord(
+        "claim-11111111-0000-4000-8000-000000000001-0123456789", "u1-0123456789", "mps-a",
+        (UUID,), DaemonLimits(40, {UUID: GIB}, True), devices=("gpu-0",),
+    )  # fmt: skip
+    kept = {"v": 1, "mps": entry(group, Path("/m/p"), Path("/m/s"), ClientLimits())}
+    got = daemon_of(json.loads(json.dumps(kept)))  # as the record hands it back
+    assert got is not None and got[0] == group
+    shared = DaemonRecord("device-gpu-1", "gpu-1", "mps-b", ("GPU-1",), DaemonLimits())
+    mine = {"v": 1, "mps": entry(shared, Path("/p"), Path("/s"), ClientLimits(25, (GIB,)))}
+    theirs = {"v": 1, "mps": entry(shared, Path("/p"), Path("/s"), ClientLimits(50))}
+    other = {"v": 1, "timeslice": {"gpu": UUID, "interval": 1}}
+    daemons = index({"u1": [kept, other], "u2": [mine, None], "u3": [theirs]})
+    assert sorted(daemons) == [group.dir, "device-gpu-1"]
+    assert daemons[group.dir].holders == ["u1"] and daemons[group.dir].clients == {}
+    assert daemons["device-gpu-1"].holders == ["u2", "u3"]
+    assert daemons["device-gpu-1"].clients == {
+        "u2": {"threads": 25, "pinned": GIB},
+        "u3": {"threads": 50},
+    }
+    assert daemon_of({"v": 1, "mps": {"dir": "../etc", "daemon": "x"}}) is None
+
+
 def test_a_shares_status_says_whether_mps_holds_it_and_how_it_can_escape() -> None:
     from dra_plugin.vendors.nvidia.mpslimits import share_condition
 
@@ -213,7 +240,6 @@ def test_a_shares_status_says_whether_mps_holds_it_and_how_it_can_escape() -> No
 
 
 def test_multi_user_needs_volta_or_newer() -> None:
-    from dataclasses import replace
 
     from dra_plugin.devices import Version
     from dra_plugin.vendors.nvidia.mpslimits import volta_or_newer
@@ -260,15 +286,16 @@ def test_which_devices_want_which_daemon(
     from dra_plugin.vendors.base import MakeError
     from dra_plugin.vendors.claimcontext import ClaimContext
     from dra_plugin.vendors.nvidia.mpslimits import wanted
+    from dra_plugin.vendors.nvidia.partitions import PlacementDevice, Target
     from dra_plugin.vendors.nvidia.sharingconfig import MpsSettings
 
     devices = {
         "gpu-0": _dev("gpu-0", "gpu", UUID),
         "mig-0": _dev("mig-0", "mig", "MIG-00000000-bbbb-4ccc-8ddd-000000000000"),
         "vfio-0": _dev("vfio-0", "vfio", "GPU-vfio"),
-        "placed-0": replace(  # a MIG placement made on demand (NVIDIA_MIG_PARTITIONS)
-            _dev("placed-0", "mig", "MIG-11111111-bbbb-4ccc-8ddd-000000000001"),
-            extra=(("placement", f"{UUID},0,19,0,1,1"),),
+        "placed-0": PlacementDevice(  # a MIG placement made on demand (NVIDIA_MIG_PARTITIONS)
+            **vars(_dev("placed-0", "mig", "MIG-11111111-bbbb-4ccc-8ddd-000000000001")),
+            target=Target(UUID, 0, 19, 0, 1, 1),
         ),
     }
     claim = ClaimContext("11111111-0000-4000-8000-000000000001", "ns", "c", ("r",), (allocated,))

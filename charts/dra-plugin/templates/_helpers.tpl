@@ -123,6 +123,23 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- if ge (int .Values.shutdownGraceSeconds) (int .Values.terminationGracePeriodSeconds) }}
 {{- fail "shutdownGraceSeconds must be below terminationGracePeriodSeconds" }}
 {{- end }}
+{{- /* The plugin's sockets carry the pod's UID (36 bytes, POD_UID: the rolling update's
+names); a unix socket path holds at most 107 bytes, so a long kubelet root dir would make
+every pod exit at start (seen on a node whose kubelet root was
+/var/lib/dra-plugin-node/kubelet). */}}
+{{- $uid := "00000000-0000-0000-0000-000000000000" }}
+{{- range $vendor := list "intel" "nvidia" "amd" }}
+{{- $v := index $.Values $vendor }}
+{{- if $v.enabled }}
+{{- $reg := printf "%s/%s-%s-reg.sock" (clean $.Values.kubelet.registrarDir) $v.driverName $uid }}
+{{- $dra := printf "%s/%s/dra-%s.sock" (clean $.Values.kubelet.pluginsDir) $v.driverName $uid }}
+{{- range $sock := list $reg $dra }}
+{{- if gt (len $sock) 107 }}
+{{- fail (printf "the plugin's socket %s (a pod UID in its name) would be %d bytes; unix sockets allow at most 107: shorten kubelet.registrarDir, kubelet.pluginsDir or %s.driverName" $sock (len $sock) $vendor) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/* JSON list of the enabled vendors' DRA driver names (the admission policy's CEL). Every

@@ -1,25 +1,31 @@
 """The AMD driver's per-claim step: the compute units of each share of a GPU, chosen at
 prepare under the claim lock, kept disjoint, recorded, and freed at unprepare.
 
-The book (`amd-cu-book.json` in the driver's plugin dir: device -> claim uid -> ranges) is
-what every prepare reads to see the units other claims hold, also those prepared by the
-other plugin instance of a rolling update (the claim lock is a file lock shared by both).
-Each claim's ranges are also its vendor entry (`{"v": 1, "cu": [[0, 11]], "units": 12}`),
-which the core keeps in the record and in the spec record beside its spec: at start-up
-(`reconcile`) the book is written again from the record, so a crash anywhere leaves no
-unit held twice:
-- killed after the book was written: the claim is `started`; the next pass undoes it
-  (release frees its units) unless its spec and the record beside it were written whole
-  and match its `started` entry, in which case it is kept as prepared and the book
-  keeps its units (reconcile).
-A book found damaged or missing while running is never guessed around: masks are refused
-(the claim's error) until a restart rebuilds the book from the record.
+The claim's record is the one store of them: each share's ranges are its device's vendor
+entry (`{"v": 1, "cu": [[0, 11]], "units": 12}`), written into the claim's record by
+`make` at once (`ClaimContext.record`), before the mask reaches its spec, and read back
+from the other claims' records by every later prepare (`ClaimContext.peers`: the record
+under the claim lock, so the claims the other plugin instance of a rolling update
+prepared count too). The units leave with the claim's record. So a crash anywhere
+leaves no unit held twice:
+- killed after the units were recorded: the claim is `started`; the next pass undoes it
+  (its record goes, and its units with it) unless its spec and the record beside it were
+  written whole and match its `started` entry, in which case it is kept as prepared
+  with its units;
+- a damaged record is rebuilt from the spec records beside the specs, which carry the
+  entries.
+
+`amd-cu-book.json`, the book of earlier versions (device -> claim uid -> ranges, beside
+the checkpoint), is read once at start-up (`reconcile`): ranges it has for a held claim
+whose record has none are written into that claim's record (when unsure, a unit is held),
+and the book is renamed to `amd-cu-book.json.migrated` (tests/fixtures/precubook/).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,13 +33,20 @@ from typing import Any
 from dra_plugin import crashpoints
 from dra_plugin.devices import Device
 from dra_plugin.host import files
+from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.amd import cumask
 from dra_plugin.vendors.base import Made, MakeError
-from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext, VendorEntry
+from dra_plugin.vendors.claimcontext import (
+    AllocatedDevice,
+    ClaimContext,
+    NotRecordable,
+    VendorEntry,
+)
 
 log = logging.getLogger(__name__)
 
-BOOK = "amd-cu-book.json"
+BOOK = "amd-cu-book.json"  # earlier versions' book: read once, then retired
+RETIRED = BOOK + ".migrated"
 BOOK_VERSION = 1
 ENTRY_VERSION = 1  # the "v" of the AMD vendor entry
 
@@ -65,47 +78,61 @@ def masked(claim: ClaimContext) -> list[AllocatedDevice]:
     ]
 
 
+def entry_of(ranges: cumask.Ranges) -> VendorEntry:
+    """This step's keys of the vendor entry recording `ranges` (claimsteps.py merges them
+    with the other steps' keys)."""
+    listed = [list(r) for r in ranges]
+    return {"v": ENTRY_VERSION, "cu": listed, "units": len(cumask.units(ranges))}
+
+
+def read_old_book(state_dir: Path, driver: str) -> Book:
+    """The book an earlier version kept ({} when there is none; a damaged one is said,
+    counted and renamed aside: the record's entries are all there is then)."""
+    path = state_dir / BOOK
+    try:
+        raw = files.read_regular(path)
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        return _unusable(path, driver, f"unreadable ({exc.strerror})")
+    try:
+        book = _book_of(json.loads(raw))
+    except (ValueError, UnicodeDecodeError):
+        book = None
+    return _unusable(path, driver, "not a book of compute-unit ranges") if book is None else book
+
+
+def _unusable(path: Path, driver: str, why: str) -> Book:
+    log.error(
+        "compute-unit book %s (written by an earlier version, read once to move it into "
+        "the claims' record) is %s; the record's ranges are used",
+        path,
+        why,
+    )
+    metrics.checkpoint_damage(driver, "amd-cu-book", "unreadable")
+    retire(path.parent)
+    return {}
+
+
+def retire(state_dir: Path) -> None:
+    """Rename the old book aside once its ranges are in the record; a failure is said, and
+    the next start reads it again (the record then already holds its ranges)."""
+    try:
+        os.replace(state_dir / BOOK, state_dir / RETIRED)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.error("cannot retire compute-unit book %s: %s", state_dir / BOOK, exc)
+        return
+    log.info("compute-unit book %s retired: its ranges are in the record", state_dir / BOOK)
+
+
 class CuBook:
     """OnDemand for AMD shares: disjoint compute-unit ranges (see the module docstring)."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / BOOK
-        self._rebuilt = False  # written from the record at start-up: missing is damage
-
-    # --- the book file ---------------------------------------------------------------
-    def _read(self) -> Book:
-        try:
-            raw = files.read_regular(self.path)
-        except FileNotFoundError:
-            if self._rebuilt:
-                raise MakeError(self._damaged("missing")) from None
-            return {}
-        except OSError as exc:
-            raise MakeError(self._damaged(f"unreadable ({exc.strerror})")) from None
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            raise MakeError(self._damaged("not JSON")) from None
-        book = _book_of(obj)
-        if book is None:
-            raise MakeError(self._damaged("not a book of compute-unit ranges"))
-        return book
-
-    def _damaged(self, why: str) -> str:
-        log.error("amd compute-unit book %s is %s: masks refused until a restart", self.path, why)
-        return (
-            f"the compute-unit book {self.path} is {why}: AMD shares cannot be given "
-            "disjoint masks until the plugin restarts and rebuilds it from its record"
-        )
-
-    def _write(self, book: Book) -> None:
-        data = {"v": BOOK_VERSION, "devices": {d: c for d, c in sorted(book.items()) if c}}
-        try:
-            # A process crash keeps the rename; a power loss is a reboot, after which the
-            # book is written again from the record (reconcile).
-            files.atomic_write(self.path, json.dumps(data, sort_keys=True).encode(), durable=False)
-        except OSError as exc:
-            raise MakeError(f"cannot write the compute-unit book {self.path}: {exc}") from exc
+    def __init__(self, state_dir: Path, driver: str) -> None:
+        self.state_dir = state_dir
+        self.driver = driver
 
     # --- OnDemand ----------------------------------------------------------------------
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
@@ -113,26 +140,18 @@ class CuBook:
         if not wanted:
             return Made(list(devices))
         by_name = {d.name: d for d in devices}
-        book = self._read()
         entries: dict[str, VendorEntry] = {}
-        changed = False
+        fresh: dict[str, VendorEntry] = {}
         for alloc in wanted:
             dev = by_name.get(alloc.device)
             if dev is None:
                 continue  # not one of this claim's devices here (cannot happen)
-            ranges, new = self._choose(claim, alloc, dev, book)
+            ranges, new = self._choose(claim, alloc, dev)
             if ranges is None:
                 continue
-            mine = book.setdefault(alloc.device, {})
-            listed = [list(r) for r in ranges]
-            if mine.get(claim.uid) != listed:
-                mine[claim.uid] = listed
-                changed = True
-            entries[alloc.device] = {
-                "v": ENTRY_VERSION,
-                "cu": listed,
-                "units": len(cumask.units(ranges)),
-            }
+            entries[alloc.device] = entry = entry_of(ranges)
+            if alloc.vendor is None or alloc.vendor.get("cu") != entry["cu"]:
+                fresh[alloc.device] = entry
             if new:
                 log.info(
                     "%s: device %s gets compute units %s",
@@ -140,15 +159,21 @@ class CuBook:
                     alloc.device,
                     cumask.cu_list(ranges),
                 )
-        if changed:
-            self._write(book)
+        if fresh:
+            # In the record at once: the next claim of this pass, and a crash, see them.
+            try:
+                claim.record(fresh)
+            except NotRecordable:
+                pass  # no record (tests, tools): the entries go with `completed`
+            except OSError as exc:
+                raise MakeError(f"cannot record the compute units chosen: {exc}") from exc
             crashpoints.reached("cu-booked")
         return Made(list(devices), entries)
 
     def _choose(
-        self, claim: ClaimContext, alloc: AllocatedDevice, dev: Device, book: Book
+        self, claim: ClaimContext, alloc: AllocatedDevice, dev: Device
     ) -> tuple[cumask.Ranges | None, bool]:
-        """The claim's ranges on `dev`: recorded, booked earlier, or placed now (True)."""
+        """The claim's ranges on `dev`: recorded earlier, or placed now (True)."""
         total = _total(dev)
         try:
             count = cumask.consumed_units(alloc.consumed)
@@ -156,18 +181,14 @@ class CuBook:
             raise MakeError(f"device {alloc.device}: {exc}") from None
         if count is None or total <= 0:
             return None, False  # a device that publishes no compute units gets no mask
+        peers = claim.peers(alloc.device)
         others = {
             u
-            for uid, held in book.get(alloc.device, {}).items()
-            if uid != claim.uid
-            for u in cumask.units(held)
+            for entry in peers.values()
+            for u in cumask.units(cumask.valid_ranges(entry.get("cu"), cumask.MAX_UNITS) or [])
         }
-        for ranges in (
-            recorded_ranges(alloc.vendor, total),
-            cumask.valid_ranges(book.get(alloc.device, {}).get(claim.uid), total),
-        ):
-            if ranges is None:
-                continue
+        ranges = recorded_ranges(alloc.vendor, total)
+        if ranges is not None:
             clash = cumask.units(ranges) & others
             if clash:  # only after damage: never hand out a unit twice
                 raise MakeError(
@@ -190,7 +211,7 @@ class CuBook:
                 if cumask.rounded(count, step) != count
                 else ""
             )
-            holders = len([u for u in book.get(alloc.device, {}) if u != claim.uid])
+            holders = len([u for u, e in peers.items() if e.get("cu")])
             raise MakeError(
                 f"device {alloc.device}: consumes {count} compute units{pairs}, but only "
                 f"{free} of {total} are free in whole groups of {step} "
@@ -199,45 +220,39 @@ class CuBook:
         return ranges, True
 
     def release(self, claim: ClaimContext) -> None:
-        book = self._read_for_release()
-        if book is None:
-            return
-        changed = False
-        for held in book.values():
-            if held.pop(claim.uid, None) is not None:
-                changed = True
-        if changed:
-            self._write(book)
+        """The units leave with the claim's record; nothing else holds them."""
+        if any(recorded_ranges(d.vendor, cumask.MAX_UNITS) for d in claim.devices):
             log.info("%s: compute units freed", claim)
             crashpoints.reached("cu-freed")
 
-    def _read_for_release(self) -> Book | None:
-        try:
-            return self._read()
-        except MakeError:
-            # The units cannot be freed in a book that cannot be read; a restart rebuilds
-            # it from the record without this claim. Unprepare still succeeds.
-            return None
-
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
-        """The book written again from the record: each held claim's recorded ranges, and
-        ranges the book had for a held claim whose record has none (kept: when unsure, a
-        unit is held). Two held claims that overlap (damage) are logged, never moved."""
-        try:
-            old = self._read()
-        except MakeError:
-            old = {}
-        book: Book = {}
+        """Start-up: an earlier version's book moved into the record (the ranges it has for
+        a held claim whose record has none: when unsure, a unit is held) and retired; two
+        held claims that overlap (damage) are logged, never moved."""
+        old = read_old_book(self.state_dir, self.driver)
+        moved = 0
+        booked: Book = {}
         for uid, claim in held.items():
+            entries: dict[str, VendorEntry] = {}
             for d in claim.devices:
-                entry = d.vendor
-                raw = entry.get("cu") if entry is not None else None
-                ranges = cumask.valid_ranges(raw, cumask.MAX_UNITS)
+                ranges = recorded_ranges(d.vendor, cumask.MAX_UNITS)
                 if ranges is None:
                     ranges = cumask.valid_ranges(old.get(d.device, {}).get(uid), cumask.MAX_UNITS)
+                    if ranges is not None:
+                        entries[d.device] = entry_of(ranges)
                 if ranges is not None:
-                    book.setdefault(d.device, {})[uid] = [list(r) for r in ranges]
-        for device, claims in book.items():
+                    booked.setdefault(d.device, {})[uid] = [list(r) for r in ranges]
+            if entries:
+                try:
+                    claim.record(entries)
+                    moved += 1
+                except (OSError, NotRecordable) as exc:
+                    log.error("%s: cannot record its compute units: %s", claim, exc)
+                    return  # the book stays: the next start moves it again
+        if old:
+            log.info("compute-unit book: %d held claim(s) took their ranges from it", moved)
+        retire(self.state_dir)
+        for device, claims in booked.items():
             seen: dict[int, str] = {}
             for uid, listed in sorted(claims.items()):
                 for u in cumask.units(listed):
@@ -251,8 +266,6 @@ class CuBook:
                         )
                         break
                     seen[u] = uid
-        self._write(book)
-        self._rebuilt = True
 
 
 def _book_of(obj: Any) -> Book | None:

@@ -227,7 +227,7 @@ class AmdDriver(Driver):
             self.switch = ModeSwitch(boot_id, live)
             steps.append(self.switch)
         if self.sharing is not None:
-            steps.append(CuBook(state_dir))
+            steps.append(CuBook(state_dir, self.settings.driver_name))
         return ClaimSteps(steps) if steps else None
 
     def share_condition(self, device: Device, vendor: VendorEntry | None) -> ShareCondition | None:

@@ -62,7 +62,7 @@ def check_nvidia(settings: NvidiaSettings, ctx: DoctorContext, vendor_id: str) -
     if ctx.enabled:
         out += check_nvml(settings, host, mine, loaded)
         if mine:
-            out += check_mps(settings.driver_root, ctx.plugin_dir, ctx.held, settings.shares_mps)
+            out += check_mps(settings.driver_root, ctx.plugin_dir, ctx.entries, settings.shares_mps)
     return out
 
 

@@ -23,6 +23,9 @@ from typing import Any
 from dra_plugin.devices import Device
 from dra_plugin.vendors.base import MakeError
 from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.nvidia.partitions import PlacementDevice, Target
+
+__all__ = ["KEY", "BadEntry", "Instance", "Target", "decode", "recorded", "target_of"]
 
 KEY = "mig"  # the key of the NVIDIA vendor entry this module owns
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}\Z", re.ASCII)
@@ -35,33 +38,10 @@ class BadEntry(MakeError):
     names the claim, the device and what is wrong."""
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where a placement device's instance goes (discovery puts it in the device's extra)."""
-
-    gpu: str  # the parent GPU's UUID
-    minor: int
-    profile: int  # GPU instance profile id
-    start: int
-    size: int
-    slices: int  # GPU slices of the profile (which compute instance spans it)
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.gpu, self.profile, self.start)
-
-    def __str__(self) -> str:
-        return f"profile {self.profile} at memory slices {self.start}-{self.start + self.size - 1}"
-
-
 def target_of(device: Device) -> Target | None:
-    """The placement of a device made on demand (partitions.placement_device wrote it);
-    None for every other device."""
-    raw = device.extra_value("placement")
-    if raw is None:
-        return None
-    gpu, minor, profile, start, size, slices = raw.split(",")
-    return Target(gpu, int(minor), int(profile), int(start), int(size), int(slices))
+    """The placement of a device made on demand (partitions.placement_device); None for
+    every other device."""
+    return device.target if isinstance(device, PlacementDevice) else None
 
 
 @dataclass(frozen=True)

@@ -13,27 +13,31 @@ Two kinds of daemon:
   made by the first and removed after the last; each claim's consumed capacity becomes
   its own limits, handed to its processes through their environment (mpsdaemon.ClientLimits).
 
-Crash safety. Each daemon has a record,
-`<plugin dir>/mps/<claim-UID-GROUP | device-NAME>/daemon.json` (GPUs, devices, limits, the
-claims it serves), written before anything is made and removed last: a claim's records,
-one per group, are all written before any of its daemons is made. The claim's own record
-names each device's daemon too (vendor entry `mps`, via ClaimContext.record) before
-anything is made. Every step is idempotent, so a kill -9 anywhere is settled by
-the same code again: the next prepare, the unprepare, or start-up (`reconcile`).
+Crash safety. The claims' record is the one store of a daemon: each device it serves
+keeps the whole daemon in its vendor entry (`mps`, mpsrecord.py), written into the
+`started` claim (ClaimContext.record) before anything of the daemon is made, and leaving
+the record with the claim, after the daemon is gone. Who holds a shared GPU's daemon is
+read from the other claims' entries (ClaimContext.peers, under the claim lock). The dir
+`<plugin dir>/mps/<claim-UID-GROUP | device-NAME>` holds the daemon's runtime state only
+(its pipe and log dirs, the tmpfs for its shm). Every step is idempotent, so a kill -9
+anywhere is settled by the same code again: the next prepare, the unprepare, or start-up
+(`reconcile`: a dir no held claim names is torn down; `daemon.json`, the record of earlier
+versions, is read once, mpsmigrate.py). A dir whose claim's record is lost (damage with
+no spec record to rebuild it from) is torn down at the next start without knowing its
+GPUs: they stay in EXCLUSIVE_PROCESS, which doctor reports with the command to reset them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dra_plugin import crashpoints
 from dra_plugin.devices import Device
 from dra_plugin.host import files
-from dra_plugin.host.tmpfs import Mounter, MountError, default_size
+from dra_plugin.host.tmpfs import Mounter, default_size
 from dra_plugin.sharing import Sharing
 from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.claimcontext import (
@@ -42,8 +46,8 @@ from dra_plugin.vendors.claimcontext import (
     NotRecordable,
     VendorEntry,
 )
-from dra_plugin.vendors.nvidia import mpsdaemon, mpslimits, mpsready, mpsrecord
-from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits, DaemonSpec
+from dra_plugin.vendors.nvidia import mpsdaemon, mpslimits, mpsmigrate, mpsrecord
+from dra_plugin.vendors.nvidia.mpsdaemon import ClientLimits, DaemonLimits
 from dra_plugin.vendors.nvidia.mpslimits import (
     ENTRY_KEY,
     MpsFor,
@@ -51,13 +55,29 @@ from dra_plugin.vendors.nvidia.mpslimits import (
     no_mps,
     share_limits,
 )
-from dra_plugin.vendors.nvidia.mpsrecord import RECORD, DaemonRecord, Plan, claim_dir, our_dir
-from dra_plugin.vendors.nvidia.nvidiasmi import DEFAULT, EXCLUSIVE_PROCESS, NvidiaSmi, SmiError
-from dra_plugin.vendors.workloads import WorkloadError, Workloads
+from dra_plugin.vendors.nvidia.mpsmake import DaemonHost
+from dra_plugin.vendors.nvidia.mpsrecord import DaemonRecord, Plan, claim_dir, daemon_of, our_dir
+from dra_plugin.vendors.nvidia.nvidiasmi import NvidiaSmi
+from dra_plugin.vendors.workloads import Workloads
 
 log = logging.getLogger(__name__)
 
 DIR_NAME = "mps"
+
+Own = dict[str, tuple[DaemonRecord, ClientLimits, list[str]]]  # dir -> daemon, limits, devices
+Named = dict[str, tuple[DaemonRecord, dict[str, ClientLimits]]]  # dir -> daemon, uid -> limits
+
+
+def own_daemons(claim: ClaimContext) -> Own:
+    """The daemons the claim's own entries name, by dir: each with the claim's own limits
+    and the claim's devices it serves."""
+    out: Own = {}
+    for d in claim.devices:
+        got = daemon_of(d.vendor)
+        if got is not None:
+            rec, client = got
+            out.setdefault(rec.dir, (rec, client, []))[2].append(d.device)
+    return out
 
 
 class MpsStep:
@@ -78,56 +98,57 @@ class MpsStep:
     ) -> None:
         self.options = options
         self.root = state_dir / DIR_NAME
-        self.driver_root = driver_root
-        self.workloads = workloads
         self.mps_for = mps_for
-        self.smi = smi or NvidiaSmi(driver_root)
-        self.mounter = mounter or Mounter()
-        self.shm_size = shm_size or default_size(host_root / "proc" / "meminfo")
-
-    # --- the record --------------------------------------------------------------------
-    def _dir(self, rec: DaemonRecord | str) -> Path:
-        return self.root / (rec if isinstance(rec, str) else rec.dir)
-
-    def records(self) -> Iterator[DaemonRecord]:
-        """Every daemon recorded here; an entry that is not ours is logged and removed."""
-        if files.kind(self.root) != "dir":
-            return
-        for entry in sorted(self.root.iterdir()):
-            name = entry.name
-            if not our_dir(name):
-                files.remove_unexpected(entry, files.kind(entry) or "entry", "MPS daemon dir")
-                continue
-            rec = self._read(name)
-            if rec is not None:
-                yield rec
+        self.host = DaemonHost(
+            options, self.root, driver_root, workloads,
+            smi or NvidiaSmi(driver_root), mounter or Mounter(),
+            shm_size or default_size(host_root / "proc" / "meminfo"),
+        )  # fmt: skip
+        # The daemons the held claims' entries name, for telemetry only (read on its
+        # thread: replaced whole, never changed in place): rebuilt from the record at
+        # start-up, kept by make and release.
+        self._index: dict[str, DaemonRecord] = {}
+        # A shared GPU's daemon dir -> the claims whose release this process finished
+        # (they leave the record at the end of their pass, after the others' releases).
+        self._leaving: dict[str, set[str]] = {}
 
     def daemons(self) -> list[DaemonRecord]:
-        """The daemons recorded here, read only (telemetry's thread)."""
-        return mpsrecord.scan(self.root)
+        """The daemons of the held claims (telemetry's thread)."""
+        return list(self._index.values())
 
-    def _read(self, dirname: str) -> DaemonRecord | None:
-        d = self._dir(dirname)
-        if files.kind(d) != "dir":  # every prepare without MPS: one lstat, one join
-            return None
-        path = d / RECORD
-        rec = DaemonRecord.decode(dirname, files.read_json(path))
-        if rec is None:
-            # A dir whose record never got written whole (killed mid-write): nothing was
-            # made before the record, so there is nothing else to undo but the dir.
-            log.warning("MPS daemon dir %s has no valid record; removing it", path.parent)
-            self._remove_dirs(dirname)
-        return rec
+    def _others(self, claim: ClaimContext, rec: DaemonRecord) -> set[str]:
+        """The other held claims whose entries name shared daemon `rec`, but those whose
+        release this process finished (still in the record until their pass ends)."""
+        named = set()
+        for uid, entry in claim.peers(rec.key).items():
+            got = daemon_of(entry)
+            if got is not None and got[0].dir == rec.dir:
+                named.add(uid)
+        return named - self._leaving.get(rec.dir, set())
 
-    def _write(self, rec: DaemonRecord) -> None:
-        files.own_dir(self.root, files.PRIVATE_DIR_MODE)
-        files.own_dir(self._dir(rec), files.SHARED_DIR_MODE)
-        files.atomic_write(self._dir(rec) / RECORD, rec.encode(), 0o644)
-        crashpoints.reached("mps-recorded")
-
-    def _paths(self, rec: DaemonRecord) -> tuple[Path, Path, Path]:
-        d = self._dir(rec)
-        return d / "pipe", d / "log", d / "shm"
+    def _indexed(self, rec: DaemonRecord, uid: str, client: ClientLimits | None) -> None:
+        index = dict(self._index)
+        have = index.get(rec.dir)
+        if client is None:  # the claim let it go
+            if have is not None and uid in have.holders:
+                holders = [h for h in have.holders if h != uid]
+                clients = {u: c for u, c in have.clients.items() if u != uid}
+                index[rec.dir] = DaemonRecord(
+                    have.dir, have.key, have.name, have.gpus, have.limits,
+                    holders, clients, have.devices,
+                )  # fmt: skip
+                if not holders:
+                    del index[rec.dir]
+        else:
+            base = have or rec
+            holders = sorted({*base.holders, uid})
+            clients = dict(base.clients)
+            if rec.shared:
+                clients[uid] = mpsrecord.own_limits(client)
+            index[rec.dir] = DaemonRecord(
+                rec.dir, rec.key, rec.name, rec.gpus, rec.limits, holders, clients, rec.devices
+            )
+        self._index = index
 
     # --- OnDemand ----------------------------------------------------------------------
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
@@ -137,68 +158,62 @@ class MpsStep:
             return Made(list(devices))
         entries: dict[str, VendorEntry] = {}
         for p in plans:
-            pipe, _, shm = self._paths(p.rec)
-            entry = mpslimits.vendor_entry(p.rec.name, p.rec.dir, pipe, shm, p.client)
+            pipe, _, shm = self.host.paths(p.rec)
+            entry = mpsrecord.entry(p.rec, pipe, shm, p.client)
             entries.update({name: {ENTRY_KEY: entry} for name in p.served})
+            self._leaving.get(p.rec.dir, set()).discard(claim.uid)
         try:
-            # The claim's own record says which daemon each device needs before anything
-            # is made (the daemons' records, written by _plan, are what release and
-            # reconcile use).
-            with contextlib.suppress(NotRecordable):
+            # The claim's own record says which daemons it needs, whole, before anything
+            # is made: what release and reconcile read.
+            with contextlib.suppress(NotRecordable):  # none (tests): with `completed`
                 claim.record(entries)
-            for p in plans:
-                self._ensure(p.rec, claim)
-        except (MakeError, OSError) as exc:
-            for p in plans:
-                self._undo(p.rec, claim.uid, p.created)
-            if isinstance(exc, MakeError):
-                raise
+            crashpoints.reached("mps-recorded")
+        except OSError as exc:  # nothing made yet
             raise MakeError(
                 f"MPS control daemon {plans[0].rec.name}: cannot record it: {exc}"
             ) from exc
+        try:
+            for p in plans:
+                self.host.ensure(p.rec, claim)
+        except MakeError:
+            for p in plans:
+                self._undo(p, claim)
+            raise
+        for p in plans:
+            self._indexed(p.rec, claim.uid, p.client)
         return Made(list(devices), entries)
 
     def _plan(self, claim: ClaimContext, devices: Mapping[str, Device]) -> list[Plan]:
-        """The daemons the claim needs (all recorded before this returns), with its own
-        limits and the devices each serves; empty: no MPS for this claim."""
-        mine = [d.device for d in claim.devices if d.device in devices]
+        """The daemons the claim needs, with its own limits and the devices each serves;
+        empty: no MPS for this claim."""
+        own = {k: v for k, v in own_daemons(claim).items() if v[0].complete}
         legacy = f"claim-{claim.uid}"  # one daemon per claim, made by an earlier version
-        if (rec := self._read(legacy)) is not None:
-            return [Plan(rec, ClientLimits(), rec.served(mine), False)]
-        if claim.from_record:  # no configs: the records are what it needs
-            recs = [
-                r
-                for n in mpsrecord.own_dirs(self.root, claim.uid)
-                if (r := self._read(n)) is not None
-            ]
-            if recs:
-                return [Plan(r, ClientLimits(), r.served(mine), False) for r in recs]
+        if own and (claim.from_record or legacy in own):  # the record is what it needs
+            return [Plan(rec, client, served, False) for rec, client, served in own.values()]
         asked, shared = mpslimits.wanted(claim, devices, self.mps_for, self.options.shares)
         if not asked and not shared:
             return []
-        self._can_run()
+        self.host.can_run()
         if shared:
-            return [self._plan_shared(claim, shared, devices)]
+            return [self._plan_shared(claim, shared, devices, own)]
         plans: list[Plan] = []
         for g in mpslimits.groups(asked, devices):
             dirname = claim_dir(claim.uid, g.key)
-            if (rec := self._read(dirname)) is not None:  # made before: the record
-                plans.append(Plan(rec, ClientLimits(), rec.served(mine), False))
+            if dirname in own:  # made before: as recorded
+                plans.append(Plan(own[dirname][0], ClientLimits(), list(g.devices), False))
                 continue
             key = f"{claim.uid}-{g.key}"
-            name = mpsdaemon.deployment_name(self._node(), self.options.driver, key)
+            name = mpsdaemon.deployment_name(self.host.node(), self.options.driver, key)
             rec = DaemonRecord(dirname, key, name, g.gpus, g.limits, [claim.uid], devices=g.devices)
-            try:
-                self._write(rec)  # the intent, before anything is made
-            except OSError as exc:  # this intent (if written) and those before it go
-                for p in [*plans, Plan(rec, ClientLimits(), [], True)]:
-                    self._undo(p.rec, claim.uid, p.created)
-                raise MakeError(f"MPS control daemon {name}: cannot record it: {exc}") from exc
             plans.append(Plan(rec, ClientLimits(), list(g.devices), True))
         return plans
 
     def _plan_shared(
-        self, claim: ClaimContext, shared: list[AllocatedDevice], devices: Mapping[str, Device]
+        self,
+        claim: ClaimContext,
+        shared: list[AllocatedDevice],
+        devices: Mapping[str, Device],
+        own: Own,
     ) -> Plan:
         if len(shared) != 1:
             raise MakeError(
@@ -210,171 +225,122 @@ class MpsStep:
         dev = devices[d.device]
         client = share_limits(d, dev, self.options.shares or Sharing())
         dirname = f"device-{d.device}"
-        rec = self._read(dirname)
-        created = rec is None
-        if rec is None:
-            name = mpsdaemon.deployment_name(self._node(), self.options.driver, d.device)
-            rec = DaemonRecord(dirname, d.device, name, (dev.uuid or d.device,), DaemonLimits())
-        recorded = rec.clients.get(claim.uid)
-        if claim.from_record and recorded is not None:
-            # The record keeps no consumed capacity: the limits recorded when it was read.
-            pinned = (recorded["pinned"],) if "pinned" in recorded else ()
-            client = ClientLimits(recorded.get("threads"), pinned)
-        own = {"threads": client.active_thread_percentage or 100}
-        if client.pinned_memory:
-            own["pinned"] = client.pinned_memory[0]
-        if claim.uid not in rec.holders or recorded != own:
-            if claim.uid not in rec.holders:
-                rec.holders.append(claim.uid)
-            rec.clients[claim.uid] = own
-            self._write(rec)  # the intent, before anything is made
-        return Plan(rec, client, [d.device], created)
+        if dirname in own:
+            rec, recorded, _ = own[dirname]
+            if claim.from_record:  # the record keeps no consumed capacity: as recorded
+                client = recorded
+            return Plan(rec, client, [d.device], False)
+        for entry in claim.peers(d.device).values():
+            got = daemon_of(entry)
+            if got is not None and got[0].dir == dirname and got[0].complete:
+                return Plan(got[0], client, [d.device], False)  # another claim's daemon
+        name = mpsdaemon.deployment_name(self.host.node(), self.options.driver, d.device)
+        rec = DaemonRecord(dirname, d.device, name, (dev.uuid or d.device,), DaemonLimits())
+        return Plan(rec, client, [d.device], True)
 
-    def _node(self) -> str:
-        return self.workloads.node_name if self.workloads is not None else ""
-
-    def _can_run(self) -> None:
-        if self.workloads is None or not self.options.image:
-            raise MakeError(
-                "MPS needs the plugin's namespace and an image for its control daemons "
-                "(POD_NAMESPACE, NVIDIA_MPS_IMAGE: the chart sets both with nvidia.mps.enabled)"
-            )
-        if missing := mpsready.missing_binaries(self.driver_root):
-            raise MakeError(f"MPS cannot run: {missing}")
-
-    def _ensure(self, rec: DaemonRecord, claim: ClaimContext) -> None:
-        """Everything the record says, made where missing, then waited for."""
-        self._can_run()
-        assert self.workloads is not None
-        pipe, logdir, shm = self._paths(rec)
-        try:
-            for d in (pipe, logdir, shm):
-                files.own_dir(d, files.SHARED_DIR_MODE)
-            crashpoints.reached("mps-dirs")
-            self.mounter.mount_tmpfs(shm, self.shm_size)
-            crashpoints.reached("mps-mounted")
-            for gpu in rec.whole_gpus:
-                self.smi.set_compute_mode(gpu, EXCLUSIVE_PROCESS)
-            crashpoints.reached("mps-exclusive")
-            spec = DaemonSpec(
-                key=rec.key,
-                namespace=self.workloads.namespace,
-                node=self.workloads.node_name,
-                driver=self.options.driver,
-                image=self.options.image,
-                driver_root=str(self.driver_root),
-                gpus=rec.gpus,
-                pipe_dir=str(pipe),
-                log_dir=str(logdir),
-                shm_dir=str(shm),
-                limits=rec.limits,
-                shm_mount=mpsready.shm_mount_path(self.driver_root),
-                pull_secrets=self.options.pull_secrets,
-            )
-            if self.workloads.create_deployment(mpsdaemon.deployment(spec)):
-                log.info(
-                    "MPS control daemon created %s deployment=%s gpus=%s",
-                    claim,
-                    rec.name,
-                    ",".join(rec.gpus),
-                )
-            crashpoints.reached("mps-created")
-        except (OSError, MountError, SmiError, WorkloadError) as exc:
-            raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
-        self._wait_ready(rec)
-
-    def _wait_ready(self, rec: DaemonRecord) -> None:
-        assert self.workloads is not None
-        selector = mpsdaemon.node_selector(self._node(), self.options.driver)
-        why = mpsready.wait_ready(
-            self.workloads, rec.name, f"{selector},{mpsdaemon.LABEL_ROLE}={rec.key}",
-            self.options.ready_timeout,
-        )  # fmt: skip
-        if why:
-            raise MakeError(f"MPS control daemon {rec.name} not ready{why}")
-        crashpoints.reached("mps-ready")
-
-    def _undo(self, rec: DaemonRecord, uid: str, created: bool) -> None:
-        """A make that failed: this claim no longer holds the daemon; one it made for
-        itself (or that nobody else holds) goes."""
-        fresh = self._read(rec.dir)
-        if fresh is None:
+    def _undo(self, plan: Plan, claim: ClaimContext) -> None:
+        """A make that failed: a daemon it made for the claim alone, or a shared one no
+        other claim holds, goes (the claim's entries leave the record with it)."""
+        rec = plan.rec
+        if (rec.shared and self._others(claim, rec)) or (not rec.shared and not plan.created):
             return
-        if uid in fresh.holders and (created or fresh.shared):
-            fresh.holders.remove(uid)
-        if not fresh.holders:
-            try:
-                self._teardown(fresh)
-            except MakeError as exc:
-                log.error("%s; start-up or the next unprepare removes it", exc)
-        elif fresh.shared:
-            self._write(fresh)
+        try:
+            self.host.teardown(rec)
+        except MakeError as exc:
+            log.error("%s; start-up or the next unprepare removes it", exc)
 
     def release(self, claim: ClaimContext) -> None:
         errors: list[str] = []
-        for rec in list(self.records()):
-            if claim.uid not in rec.holders:
-                continue
-            rec.holders.remove(claim.uid)
+        for rec, _, _ in own_daemons(claim).values():
             try:
-                if rec.holders:
-                    self._write(rec)
+                if rec.shared and (others := self._others(claim, rec)):
+                    # Others still hold it: this claim just lets go (its entry leaves the
+                    # record at the end of the pass, after the releases of the others in it).
+                    leaving = self._leaving.get(rec.dir, set()) & others
+                    self._leaving[rec.dir] = {*leaving, claim.uid}
                 else:
-                    self._teardown(rec)
+                    self.host.teardown(rec)
+                    self._leaving.pop(rec.dir, None)
             except (OSError, MakeError) as exc:
                 errors.append(str(exc))
+                continue
+            self._indexed(rec, claim.uid, None)
         if errors:
             raise MakeError("; ".join(errors))
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
-        kept: set[str] = set()
-        for rec in list(self.records()):
-            holders = [h for h in rec.holders if h in held]
+        """Start-up: the daemons the held claims' entries name are kept (and indexed);
+        every other daemon dir is torn down; earlier versions' daemon.json read once."""
+        named: Named = {}
+        for uid, claim in held.items():
+            for rec, client, _ in own_daemons(claim).values():
+                named.setdefault(rec.dir, (rec, {}))[1][uid] = client
+        for dirname, old in mpsmigrate.read_old(self.root).items():
+            holders = [h for h in old.holders if h in held]
             try:
-                if not holders:
-                    log.info("MPS control daemon %s serves no held claim; removing it", rec.name)
-                    self._teardown(rec)
+                if holders:
+                    self._migrate(old, holders, held)
+                    named[dirname] = (old, {h: self._client(old, h, named) for h in holders})
+                elif dirname not in named:
+                    log.info("MPS control daemon %s serves no held claim; removing it", old.name)
+                    self.host.teardown(old)
                     continue
-                if holders != rec.holders:
-                    self._write(replace(rec, holders=holders))
-            except (OSError, MakeError) as exc:
-                log.error("cannot settle MPS control daemon %s: %s", rec.name, exc)
-            kept.add(rec.name)
-        self._collect_deployments(kept)
+            except (OSError, MakeError) as exc:  # the next start reads it again
+                log.error("cannot settle MPS control daemon %s: %s", old.name, exc)
+                named.setdefault(dirname, (old, {}))
+                continue
+            mpsmigrate.retire(self.root, dirname)
+        self._collect_dirs(set(named))
+        index: dict[str, DaemonRecord] = {}
+        for dirname, (rec, clients) in named.items():
+            index[dirname] = DaemonRecord(
+                rec.dir, rec.key, rec.name, rec.gpus, rec.limits, sorted(clients),
+                {u: mpsrecord.own_limits(c) for u, c in clients.items()} if rec.shared else {},
+                rec.devices,
+            )  # fmt: skip
+        self._index = index
+        self._leaving.clear()
+        self.host.collect_deployments({rec.name for rec, _ in named.values()})
 
-    def _collect_deployments(self, kept: set[str]) -> None:
-        """Deployments of ours on this node that no record names (nothing makes one
-        without its record; this is for a state dir lost or wiped under them). Only where
-        MPS was ever used here: a start-up must not wait on the API for nothing."""
-        if self.workloads is None or files.kind(self.root) != "dir":
+    @staticmethod
+    def _client(
+        old: DaemonRecord,
+        uid: str,
+        named: Mapping[str, tuple[DaemonRecord, dict[str, ClientLimits]]],
+    ) -> ClientLimits:
+        """A claim's own limits with an earlier version's daemon: its record's, else what
+        the daemon's record kept for it."""
+        if (got := named.get(old.dir)) is not None and uid in got[1]:
+            return got[1][uid]
+        own = old.clients.get(uid, {})
+        return ClientLimits(own.get("threads"), (own["pinned"],) if "pinned" in own else ())
+
+    def _migrate(
+        self, old: DaemonRecord, holders: list[str], held: Mapping[str, ClaimContext]
+    ) -> None:
+        """An earlier version's daemon record written whole into its held claims' entries."""
+        pipe, _, shm = self.host.paths(old)
+        for uid in holders:
+            claim = held[uid]
+            recorded = own_daemons(claim).get(old.dir)
+            served = recorded[2] if recorded else old.served([d.device for d in claim.devices])
+            client = recorded[1] if recorded else self._client(old, uid, {})
+            entry = mpsrecord.entry(old, pipe, shm, client)
+            with contextlib.suppress(NotRecordable):
+                claim.record({name: {ENTRY_KEY: entry} for name in served})
+
+    def _collect_dirs(self, named: set[str]) -> None:
+        """Daemon dirs no held claim's entry names (their claim gone, its record lost):
+        torn down. Their GPUs are not known here (see the module docstring)."""
+        if files.kind(self.root) != "dir":
             return
-        selector = mpsdaemon.node_selector(self._node(), self.options.driver)
-        mpsready.collect_deployments(self.workloads, selector, kept)
-
-    def _teardown(self, rec: DaemonRecord) -> None:
-        """The daemon gone: Deployment, compute mode, tmpfs, dirs, and the record last."""
-        try:
-            if self.workloads is not None:
-                self.workloads.delete_deployment(rec.name)
-            else:  # a record says a Deployment was made: it cannot be proven gone
-                raise MakeError("no API client (POD_NAMESPACE unset) to delete it with")
-            crashpoints.reached("mps-deleted")
-            for gpu in rec.whole_gpus:
-                self.smi.set_compute_mode(gpu, DEFAULT)
-            crashpoints.reached("mps-default")
-            self.mounter.unmount(self._paths(rec)[2])
-            crashpoints.reached("mps-unmounted")
-        except (MountError, SmiError, WorkloadError) as exc:
-            raise MakeError(f"MPS control daemon {rec.name}: {exc}") from exc
-        self._remove_dirs(rec.dir)
-        log.info("MPS control daemon removed deployment=%s gpus=%s", rec.name, ",".join(rec.gpus))
-
-    def _remove_dirs(self, dirname: str) -> None:
-        d = self._dir(dirname)
-        try:  # never rmtree into a mounted tmpfs (and fail at its mount point)
-            self.mounter.unmount(d / "shm")
-        except MountError as exc:
-            raise MakeError(f"MPS daemon dir {d}: {exc}") from exc
-        for sub in ("pipe", "log", "shm"):
-            files.remove_any(d / sub)
-        files.remove_any(d)  # the record goes with it, last
+        for entry in sorted(self.root.iterdir()):
+            name = entry.name
+            if not our_dir(name):
+                files.remove_unexpected(entry, files.kind(entry) or "entry", "MPS daemon dir")
+            elif name not in named:
+                log.warning("MPS daemon dir %s is named by no held claim; removing it", entry)
+                try:
+                    self.host.remove_dirs(name)
+                except MakeError as exc:
+                    log.error("%s", exc)

@@ -1,12 +1,17 @@
 """Doctor's MPS check: a GPU left in EXCLUSIVE_PROCESS that no MPS daemon of ours serves
-(CUDA processes outside MPS cannot use it), and a daemon whose claims the plugin no longer
-holds (start-up removes it; until then it holds the GPU). Read only."""
+(CUDA processes outside MPS cannot use it), and a daemon dir no claim the plugin holds
+names (start-up removes it; until then its daemon may hold the GPU). The daemons are
+read from the claims' record (DoctorContext.entries), their dirs from the plugin dir.
+Read only."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dra_plugin.findings.findings import Finding, Status
+from dra_plugin.host import files
+from dra_plugin.vendors.claimcontext import VendorEntry
 from dra_plugin.vendors.nvidia import mpsready, mpsrecord
 from dra_plugin.vendors.nvidia.mps import DIR_NAME
 from dra_plugin.vendors.nvidia.nvidiasmi import (
@@ -20,29 +25,35 @@ CHECK = "nvidia-mps"
 
 
 def check_mps(
-    driver_root: Path, plugin_dir: Path | None, held: frozenset[str] | None, shares_mps: bool
+    driver_root: Path,
+    plugin_dir: Path | None,
+    entries: Mapping[str, Sequence[VendorEntry | None]] | None,
+    shares_mps: bool,
 ) -> list[Finding]:
-    records = mpsrecord.scan(plugin_dir / DIR_NAME) if plugin_dir is not None else []
+    records = mpsrecord.index(entries or {})
+    root = plugin_dir / DIR_NAME if plugin_dir is not None else None
+    dirs = sorted(e.name for e in root.iterdir()) if root and files.kind(root) == "dir" else []
     out: list[Finding] = []
     missing = mpsready.missing_binaries(driver_root)
-    if missing and (records or shares_mps):  # MPS in use here: its next daemon cannot start
+    if missing and (records or dirs or shares_mps):  # MPS in use: its next daemon cannot start
         fix = "install the NVIDIA driver's MPS binaries in the driver root (NVIDIA_DRIVER_ROOT)"
         out.append(Finding(Status.WARN, CHECK, f"MPS cannot run: {missing}", fix))
-    serving: set[str] = set()
-    for rec in records:
-        if held is not None and not set(rec.holders) & held:
+    if entries is None and dirs:  # the record cannot be read: whose daemons, not known
+        out.append(Finding(Status.WARN, CHECK, "MPS daemons not checked: the record is unreadable"))
+        return out
+    for name in dirs:
+        if mpsrecord.our_dir(name) and name not in records:
             out.append(
                 Finding(
                     Status.WARN,
                     CHECK,
-                    f"MPS control daemon {rec.name} (GPU {', '.join(rec.gpus)}) serves no claim "
-                    f"the plugin holds (it was made for {', '.join(rec.holders) or 'none'})",
+                    f"MPS control daemon dir {DIR_NAME}/{name} is named by no claim the plugin "
+                    "holds (its claim is gone)",
                     "restart the plugin on this node: its start-up removes the daemon, its "
-                    "tmpfs and directories, and sets the GPU back to DEFAULT",
+                    "tmpfs and directories",
                 )
             )
-        else:
-            serving.update(rec.gpus)
+    serving = {g for rec in records.values() for g in rec.gpus}
     if find_nvidia_smi(driver_root) is None:
         return out  # no nvidia-smi: compute modes cannot be read (doctor says so elsewhere)
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from dra_plugin.apivalues.quantity import parse_quantity
@@ -173,22 +172,6 @@ def _whole(raw: str | None, default: int) -> int:
         return int(parse_quantity(raw))
     except (ValueError, ArithmeticError):
         return default
-
-
-def vendor_entry(
-    daemon: str, dirname: str, pipe: Path, shm: Path, client: ClientLimits
-) -> dict[str, Any]:
-    """What the MPS step keeps in a served device's vendor entry (under ENTRY_KEY)."""
-    return {
-        "daemon": daemon,
-        "dir": dirname,
-        "pipe": str(pipe),
-        "shm": str(shm),
-        "client": {
-            "threads": client.active_thread_percentage,
-            "pinned": list(client.pinned_memory),
-        },
-    }
 
 
 def client_edits(devices: Sequence[AllocatedDevice]) -> dict[str, dict[str, Any]]:

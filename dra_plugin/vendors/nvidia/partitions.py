@@ -21,13 +21,40 @@ up, and refuse layouts NVML accepts where they do not, so they are left out
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from dra_plugin.devices import CounterSet, Device, DeviceNode, make_device
 from dra_plugin.vendors.nvidia.mig import GiProfile, capacities, profile_name
 from dra_plugin.vendors.nvidia.model import CONTROL_NODES, NVIDIA, GpuFacts, fit, mig_name
 
 Range = tuple[int, int]  # a placement: (start, size) over the memory slices
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a placement device's instance goes: what make needs to make it."""
+
+    gpu: str  # the parent GPU's UUID
+    minor: int
+    profile: int  # GPU instance profile id
+    start: int
+    size: int
+    slices: int  # GPU slices of the profile (which compute instance spans it)
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.gpu, self.profile, self.start)
+
+    def __str__(self) -> str:
+        return f"profile {self.profile} at memory slices {self.start}-{self.start + self.size - 1}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementDevice(Device):
+    """A placement as published (a Device), with where its instance goes, typed: never
+    published, read by the MIG maker (ondemand.py) and whoever must tell a placement apart."""
+
+    target: Target
 
 
 @dataclass(frozen=True)
@@ -140,23 +167,25 @@ def counter_set(gpu: GpuPartitions) -> CounterSet:
 
 def placement_device(driver: str, facts: GpuFacts, gpu: GpuPartitions, p: Placement) -> Device:
     """A placement as a device, with NVIDIA DynamicMIG's attributes (a MIG device's, less
-    the UUID the instance does not have yet) and today's MIG capacities. `extra` carries
-    where its instance goes (ondemand.Target)."""
+    the UUID the instance does not have yet) and today's MIG capacities, with where its
+    instance goes (`target`)."""
     attributes, caps = fit(
         {"type": "mig", "parentUUID": facts.uuid, "profile": p.profile_name,
          **facts.attributes()},
         facts.link, p.capacities(),
     )  # fmt: skip
-    target = f"{facts.uuid},{facts.minor},{p.profile.id},{p.start},{p.size},{p.profile.slices}"
-    return make_device(
+    device = make_device(
         name=p.name, vendor=NVIDIA, driver=driver,
         attributes=attributes, capacity=caps,
         nodes=[facts.node(), *CONTROL_NODES],
         pci_address=facts.bus_id,
-        extra={"minor": str(facts.minor), "parentUUID": facts.uuid, "index": str(facts.index),
-               "placement": target},
+        extra={"minor": str(facts.minor), "parentUUID": facts.uuid, "index": str(facts.index)},
         consumes=[(counter_set(gpu), gpu.consumes(p))],
     )  # fmt: skip
+    target = Target(facts.uuid, facts.minor, p.profile.id, p.start, p.size, p.profile.slices)
+    return PlacementDevice(
+        **{f.name: getattr(device, f.name) for f in fields(Device)}, target=target
+    )
 
 
 def with_instance(d: Device, uuid: str, gi: int, ci: int, caps: Sequence[DeviceNode]) -> Device:

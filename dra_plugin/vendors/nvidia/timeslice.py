@@ -10,13 +10,20 @@ Several claims may hold shares of one GPU. The GPU's interval is the one of the 
 asked last among those still held; when that claim goes, the interval of the one before it
 is set again (a held claim's setting is kept), and when the last goes, Default.
 
-The step's book, `timeslice.json` in the driver's plugin dir, names per GPU the claims
-asking and the interval last set; a claim is written in BEFORE nvidia-smi is run and a GPU
-is dropped only AFTER it is back to Default. So after a kill -9 anywhere the next start
-(`reconcile`) finds every GPU this plugin may have changed: the claims not held any more
-are dropped and the GPU set to what the held ones ask, or to Default. A book from an
-earlier boot has no interval set (the driver reloaded), so each GPU is set again. The
-claim's vendor entry records `"timeslice": {"gpu": <uuid>, "interval": <n>}`.
+The claims' record is the one store of it: each device's vendor entry records
+`"timeslice": {"gpu": <uuid>, "interval": <n>, "at": <order>, "boot": <boot id>}` (`at`:
+the claim asked after every claim with a lower one; `boot`: the boot the GPU was set in),
+written into the `started` claim (`ClaimContext.record`) BEFORE nvidia-smi is run, and
+leaving the record only with the claim, after the GPU was set back. What the other claims
+of a GPU ask is read from their records (`ClaimContext.peers`, under the claim lock). So
+after a kill -9 anywhere the half-done claim is settled from its record (a `started` one
+undone: `release` sets the GPU to what the others ask; an `unpreparing` one finished), and
+the next start (`reconcile`) sets every GPU a held claim asks for whose entry is from an
+earlier boot (the driver reloaded). A GPU set for a claim its record lost (damage, with no
+spec to rebuild it from) keeps its interval until a claim asks again.
+
+`timeslice.json`, the book of earlier versions, is read once at start-up and retired
+(timeslicebook.py).
 
 "Not Supported" (nvidia-smi status 3) is let pass when setting Default, at prepare and at
 reset (NVIDIA's driver lets it pass at reset); asked for another interval, it is the
@@ -25,19 +32,16 @@ claim's error.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin import crashpoints
 from dra_plugin.devices import Device
-from dra_plugin.host.files import FileIdentity, atomic_write, move_aside, read_regular
-from dra_plugin.telemetry import metrics
 from dra_plugin.vendors.base import Made, MakeError
-from dra_plugin.vendors.claimcontext import ClaimContext, VendorEntry
+from dra_plugin.vendors.claimcontext import ClaimContext, NotRecordable, VendorEntry
+from dra_plugin.vendors.nvidia import timeslicebook
 from dra_plugin.vendors.nvidia.claimconfigs import GPU, applied
 from dra_plugin.vendors.nvidia.configs import NvidiaConfigError
 from dra_plugin.vendors.nvidia.nvidiasmi import NvidiaSmi, SmiError
@@ -45,102 +49,58 @@ from dra_plugin.vendors.nvidia.sharingconfig import Strategy, TimeSlice
 
 log = logging.getLogger(__name__)
 
-BOOK = "timeslice.json"
 ENTRY_KEY = "timeslice"  # this step's key in the device's vendor entry
-_VERSION = 1
+DEFAULT = int(TimeSlice.DEFAULT)
 
 
-@dataclass
-class GpuSlice:
-    """One GPU this plugin set (or is about to set): the claims asking, in the order they
-    asked ([claim uid, interval]), and the interval last set (None: not known to be set)."""
+@dataclass(frozen=True)
+class Asked:
+    """What one claim's record asks of one GPU."""
 
-    claims: list[tuple[str, int]] = field(default_factory=list)
-    applied: int | None = None
+    gpu: str  # its UUID
+    interval: int
+    at: int = 0  # its order among the claims asking (0: recorded by an earlier version)
+    boot: str = ""  # the boot the GPU was set for it in ("": not known)
 
-    def target(self) -> int:
-        return self.claims[-1][1] if self.claims else int(TimeSlice.DEFAULT)
+    def holding(self, claim: ClaimContext) -> Holding:
+        return (self.at, claim.uid, self.interval)
 
-
-class TimeSliceBook:
-    """The book, written whole and atomically; read again when someone else wrote it (the
-    other pod of a rolling update, under the same claim lock)."""
-
-    def __init__(self, path: Path, boot_id: str, driver: str) -> None:
-        self.path = path
-        self.boot_id = boot_id
-        self.driver = driver
-        self.gpus: dict[str, GpuSlice] = {}
-        self._seen: FileIdentity | None = None
-        self.refresh()
-
-    def refresh(self) -> None:
-        now = FileIdentity.of(self.path)
-        if now == self._seen:
-            return
-        if now is None:
-            if self._seen is not None and self.gpus:
-                log.error("time-slice book %s was deleted while running; written again", self.path)
-                metrics.checkpoint_damage(self.driver, "timeslice", "missing")
-                self.save()
-            return
-        self._load()
-        self._seen = FileIdentity.of(self.path)
-
-    def _load(self) -> None:
-        try:
-            raw = json.loads(read_regular(self.path))
-            if raw.get("version") != _VERSION:
-                raise ValueError(f"version {raw.get('version')!r}")
-            gpus = {
-                str(uuid): GpuSlice(
-                    [(str(c), int(n)) for c, n in g["claims"]],
-                    None if g.get("applied") is None else int(g["applied"]),
-                )
-                for uuid, g in raw["gpus"].items()
-            }
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-            try:
-                aside = f"set aside as {move_aside([self.path], time.time())[0].name}"
-            except OSError as err:
-                aside = f"left in place (cannot move it: {err})"
-            log.error(
-                "time-slice book %s is unusable (%s); %s. GPUs are set from the held claims' "
-                "records at start-up",
-                self.path,
-                exc,
-                aside,
-            )
-            metrics.checkpoint_damage(self.driver, "timeslice", "unreadable")
-            return
-        if raw.get("boot") != self.boot_id:  # a reboot reset every GPU's interval
-            for g in gpus.values():
-                g.applied = None
-        self.gpus = gpus
-
-    def save(self) -> None:
-        body = {
-            "version": _VERSION,
-            "boot": self.boot_id,
-            "gpus": {
-                u: {"claims": [list(c) for c in g.claims], "applied": g.applied}
-                for u, g in sorted(self.gpus.items())
-            },
-        }
-        # Durable: the book is what tells a later start which GPUs to set back.
-        atomic_write(self.path, json.dumps(body, indent=1).encode())
-        self._seen = FileIdentity.of(self.path)
+    def encode(self) -> VendorEntry:
+        value = {"gpu": self.gpu, "interval": self.interval, "at": self.at, "boot": self.boot}
+        return {ENTRY_KEY: value}
 
 
-def recorded(entry: VendorEntry | None) -> tuple[str, int] | None:
-    """(GPU UUID, interval) from a device's vendor entry; None when it has none."""
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def recorded(entry: VendorEntry | None) -> Asked | None:
+    """What a device's vendor entry asks; None when it asks nothing (or is not one this
+    version reads: then nothing is set for it)."""
     raw = (entry or {}).get(ENTRY_KEY)
     if not isinstance(raw, Mapping):
         return None
-    gpu, interval = raw.get("gpu"), raw.get("interval")
-    if isinstance(gpu, str) and isinstance(interval, int) and not isinstance(interval, bool):
-        return gpu, interval
-    return None
+    gpu, interval = raw.get("gpu"), _int(raw.get("interval"))
+    if not isinstance(gpu, str) or interval is None:
+        return None
+    boot = raw.get("boot")
+    return Asked(gpu, interval, _int(raw.get("at")) or 0, boot if isinstance(boot, str) else "")
+
+
+Holding = tuple[int, str, int]  # (order, claim uid, interval): the highest asked last
+
+
+def _target(holding: Sequence[Holding]) -> int:
+    return max(holding)[2] if holding else DEFAULT
+
+
+def _record(claim: ClaimContext, entries: Mapping[str, VendorEntry]) -> None:
+    try:
+        claim.record(entries)
+    except NotRecordable:
+        pass  # no record (tests, tools): the entries go with `completed`
+    except OSError as exc:
+        raise MakeError(f"cannot record the time-slice asked: {exc}") from exc
 
 
 class TimeSlicer:
@@ -154,7 +114,9 @@ class TimeSlicer:
         boot_id: str,
     ) -> None:
         self.smi = NvidiaSmi(driver_root)
-        self.book = TimeSliceBook(state_dir / BOOK, boot_id, driver)
+        self.driver = driver
+        self.state_dir = state_dir
+        self.boot_id = boot_id
 
     # --- prepare ---------------------------------------------------------------------
     def _asked(self, claim: ClaimContext, devices: Sequence[Device]) -> list[tuple[str, str, int]]:
@@ -179,87 +141,66 @@ class TimeSlicer:
         for d in claim.devices:
             got = recorded(d.vendor)
             if got is not None:
-                out.append((d.device, *got))
+                out.append((d.device, got.gpu, got.interval))
+        return out
+
+    @staticmethod
+    def _others(claim: ClaimContext, device: str, gpu: str) -> list[Holding]:
+        """What the other claims the record holds ask of `gpu` (through `device`)."""
+        out = []
+        for uid, entry in claim.peers(device).items():
+            got = recorded(entry)
+            if got is not None and got.gpu == gpu:
+                out.append((got.at, uid, got.interval))
         return out
 
     def make(self, claim: ClaimContext, devices: Sequence[Device]) -> Made:
         asked = self._asked(claim, devices)
         if not asked:
             return Made(list(devices))
-        self.book.refresh()
         whole = {d.device for d in claim.devices if d.share_id is None and not d.admin_access}
-        for _, uuid, interval in asked:  # intent first: a crash leaves them in the book
-            g = self.book.gpus.setdefault(uuid, GpuSlice())
-            if (claim.uid, interval) not in g.claims:
-                g.claims = [c for c in g.claims if c[0] != claim.uid] + [(claim.uid, interval)]
-                self.book.save()
+        mine: dict[str, Asked] = {}
+        for name, uuid, interval in asked:
+            d = claim.device(name)
+            own = recorded(d.vendor) if d is not None else None
+            if own is not None and (own.gpu, own.interval) == (uuid, interval):
+                at = own.at  # a re-prepare keeps its place
+            else:
+                at = 1 + max((h[0] for h in self._others(claim, name, uuid)), default=0)
+            mine[name] = Asked(uuid, interval, at, self.boot_id)
+        entries = {name: a.encode() for name, a in mine.items()}
+        _record(claim, entries)  # intent first: a crash leaves it in the record
         crashpoints.reached("timeslice-intent")
-        for name, uuid, _ in asked:
+        for name, a in mine.items():
+            holding = [*self._others(claim, name, a.gpu), (a.at, claim.uid, a.interval)]
             try:
-                self._apply(uuid, exclusive=name in whole)
+                self._set(a.gpu, _target(holding), exclusive=name in whole)
             except SmiError as exc:
-                self._undo(claim.uid)
+                self._undo(claim, mine)
                 raise MakeError(f"device {name}: {exc}") from exc
-        entries = {name: {ENTRY_KEY: {"gpu": uuid, "interval": n}} for name, uuid, n in asked}
         return Made(list(devices), entries)
 
-    def _undo(self, claim_uid: str) -> None:
-        # A failed make undoes its part (the OnDemand contract); if that fails too, the
-        # book keeps the claim, and the next pass or start settles it.
+    def _undo(self, claim: ClaimContext, mine: Mapping[str, Asked]) -> None:
+        # A failed make undoes its part (the OnDemand contract): each GPU set to what the
+        # other claims ask; if that fails too, the GPU keeps what was set.
+        for name, a in mine.items():
+            try:
+                self._set(a.gpu, _target(self._others(claim, name, a.gpu)))
+            except SmiError as exc:
+                log.error("%s: time-slice of GPU %s not undone: %s", claim, a.gpu, exc)
+
+    def _set(self, uuid: str, target: int, *, exclusive: bool = False) -> None:
+        """Set the GPU's time-slice (compute mode Default first when `exclusive`)."""
+        if exclusive:
+            self._default_mode(uuid)
         try:
-            self._drop(claim_uid)
-        except MakeError as exc:
-            log.error("claim uid %s: time-slice not undone yet: %s", claim_uid, exc)
-
-    def _apply(self, uuid: str, *, exclusive: bool = False) -> None:
-        """Set the GPU to what its book entry asks, if not set already; a GPU no claim asks
-        for any more is dropped once at Default."""
-        g = self.book.gpus[uuid]
-        target = g.target()
-        if g.applied == target and g.claims:
-            return
-        if g.applied != target:
-            if exclusive:
-                self._default_mode(uuid)
-            try:
-                self.smi.set_timeslice(uuid, target)
-                log.info("GPU %s time-slice set to %s", uuid, TimeSlice(target).name.title())
-            except SmiError as exc:
-                if not (exc.not_supported and target == TimeSlice.DEFAULT):
-                    raise
-                log.warning("GPU %s: time-slice left as it is: %s", uuid, exc)
-            crashpoints.reached("timeslice-set")
-            g.applied = target
-        if not g.claims:
-            del self.book.gpus[uuid]
-        self.book.save()
-
-    # --- unprepare -------------------------------------------------------------------
-    def _drop(self, claim_uid: str, whole: frozenset[str] = frozenset()) -> None:
-        """Take the claim out of every GPU it asked for and set those GPUs to what is left;
-        a GPU in `whole` (held whole by the claim) that no claim asks for any more gets
-        `nvidia-smi -c DEFAULT` first, NVIDIA's reset at unprepare. MakeError when
-        nvidia-smi fails (the GPU stays in the book: retried)."""
-        touched = []
-        for uuid, g in self.book.gpus.items():
-            kept = [c for c in g.claims if c[0] != claim_uid]
-            if kept != g.claims:
-                g.claims = kept
-                touched.append(uuid)
-        if not touched:
-            return
-        self.book.save()
-        crashpoints.reached("timeslice-dropped")
-        errors = []
-        for uuid in touched:
-            try:
-                if uuid in whole and not self.book.gpus[uuid].claims:
-                    self._default_mode(uuid)
-                self._apply(uuid)
-            except SmiError as exc:
-                errors.append(str(exc))
-        if errors:
-            raise MakeError("; ".join(errors))
+            self.smi.set_timeslice(uuid, target)
+            log.info("GPU %s time-slice set to %s", uuid, TimeSlice(target).name.title())
+        except SmiError as exc:
+            if not (exc.not_supported and target == DEFAULT):
+                raise
+            log.warning("GPU %s: time-slice left as it is: %s", uuid, exc)
+        crashpoints.reached("timeslice-set")
 
     def _default_mode(self, uuid: str) -> None:
         try:
@@ -268,37 +209,70 @@ class TimeSlicer:
             if not exc.not_supported:
                 raise
 
+    # --- unprepare -------------------------------------------------------------------
     def release(self, claim: ClaimContext) -> None:
-        self.book.refresh()
-        whole = frozenset(
-            got[0]
-            for d in claim.devices
-            if d.share_id is None and not d.admin_access and (got := recorded(d.vendor))
-        )
-        self._drop(claim.uid, whole)
+        """Each GPU the claim asked for set to what the other held claims ask (Default
+        when nothing; a GPU the claim held whole gets `nvidia-smi -c DEFAULT` first then,
+        NVIDIA's reset at unprepare). MakeError when nvidia-smi fails: the claim stays in
+        the record, and the next pass tries again."""
+        gpus: dict[str, tuple[str, bool, Asked]] = {}  # GPU -> (device, held whole, asked)
+        for d in claim.devices:
+            got = recorded(d.vendor)
+            if got is not None:
+                whole = d.share_id is None and not d.admin_access
+                was = gpus.get(got.gpu)
+                gpus[got.gpu] = (d.device, whole or (was is not None and was[1]), got)
+        if not gpus:
+            return
+        crashpoints.reached("timeslice-dropped")
+        errors = []
+        for uuid, (device, whole, own) in gpus.items():
+            others = self._others(claim, device, uuid)
+            target = _target(others)
+            # Set in this boot to what the claims held ask, this one included: nothing to
+            # change when that stays the same (a claim asking for Default).
+            same = own.boot == self.boot_id and _target([*others, own.holding(claim)]) == target
+            try:
+                if whole and not others:
+                    self._default_mode(uuid)
+                if not same:
+                    self._set(uuid, target)
+            except SmiError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise MakeError("; ".join(errors))
 
     def reconcile(self, held: Mapping[str, ClaimContext]) -> None:
-        """Start-up: claims not held are dropped; held claims the book lost are taken back
-        from their records; each GPU set to what is left (Default when nothing)."""
-        self.book.refresh()
-        changed = False
-        for g in self.book.gpus.values():
-            kept = [c for c in g.claims if c[0] in held]
-            if kept != g.claims:
-                g.claims, changed = kept, True
+        """Start-up: each GPU a held claim asks for and was not set for in this boot is
+        set to what the held claims ask; an earlier version's book is read once (its
+        order goes into the held claims' entries, its GPUs of claims gone are set to what
+        is left) and retired."""
+        old = timeslicebook.read_book(self.state_dir, self.driver)
+        order = {(uid, uuid): i for uuid, cs in old.items() for i, (uid, _) in enumerate(cs, 1)}
+        gpus: dict[str, list[Holding]] = {uuid: [] for uuid in old}
+        stale: dict[str, list[tuple[ClaimContext, str, Asked]]] = {}
         for uid, claim in held.items():
             for d in claim.devices:
                 got = recorded(d.vendor)
                 if got is None:
                     continue
-                g = self.book.gpus.setdefault(got[0], GpuSlice())
-                if not any(c[0] == uid for c in g.claims):
-                    g.claims.append((uid, got[1]))
-                    changed = True
-        if changed:
-            self.book.save()
-        for uuid in list(self.book.gpus):
+                if got.at == 0 and (uid, got.gpu) in order:
+                    got = Asked(got.gpu, got.interval, order[uid, got.gpu], "")
+                gpus.setdefault(got.gpu, []).append((got.at, uid, got.interval))
+                if got.boot != self.boot_id:
+                    stale.setdefault(got.gpu, []).append((claim, d.device, got))
+        for uuid, holding in gpus.items():
+            if uuid not in stale and uuid not in old:
+                continue  # set in this boot for the claim that asked last
             try:
-                self._apply(uuid)
-            except SmiError as exc:  # kept in the book: tried again at the next release
+                self._set(uuid, _target(holding))
+            except SmiError as exc:  # tried again at the next start or release
                 log.error("GPU %s: cannot set its time-slice at start-up: %s", uuid, exc)
+                continue
+            for claim, device, got in stale.get(uuid, []):
+                now = Asked(got.gpu, got.interval, got.at, self.boot_id)
+                try:
+                    _record(claim, {device: now.encode()})
+                except MakeError as exc:
+                    log.error("%s: %s", claim, exc)
+        timeslicebook.retire(self.state_dir)

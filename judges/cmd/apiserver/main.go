@@ -49,6 +49,15 @@ func main() {
 	gates := flag.String("feature-gates", "", "kube-apiserver --feature-gates")
 	emulated := flag.String("emulated-version", "", "kube-apiserver --emulated-version (e.g. 1.34)")
 	runtimeConfig := flag.String("runtime-config", "", "kube-apiserver --runtime-config (e.g. resource.k8s.io/v1beta2=true)")
+	var servingIPs []net.IP
+	flag.Func("serving-ip", "one more IP address the serving certificate is valid for (repeatable; 127.0.0.1 always is)", func(v string) error {
+		ip := net.ParseIP(v)
+		if ip == nil {
+			return fmt.Errorf("not an IP address: %q", v)
+		}
+		servingIPs = append(servingIPs, ip)
+		return nil
+	})
 	flag.Parse()
 	if *dir == "" || *readyFile == "" {
 		fmt.Fprintln(os.Stderr, "apiserver: --dir and --ready-file are required")
@@ -56,17 +65,17 @@ func main() {
 	}
 	start := time.Now()
 	go dieWithParent()
-	if err := run(*dir, *readyFile, *gates, *emulated, *runtimeConfig, flag.Args(), start); err != nil {
+	if err := run(*dir, *readyFile, *gates, *emulated, *runtimeConfig, servingIPs, flag.Args(), start); err != nil {
 		fmt.Fprintln(os.Stderr, "apiserver:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, readyFile, gates, emulated, runtimeConfig string, extra []string, start time.Time) error {
+func run(dir, readyFile, gates, emulated, runtimeConfig string, servingIPs []net.IP, extra []string, start time.Time) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	files, err := writeCredentials(dir)
+	files, err := writeCredentials(dir, servingIPs)
 	if err != nil {
 		return fmt.Errorf("credentials: %w", err)
 	}
@@ -142,9 +151,10 @@ type credentialFiles struct {
 	ca, servingCert, servingKey, saKey, tokens, adminToken string
 }
 
-// writeCredentials makes a self-signed serving certificate for 127.0.0.1/localhost, a
+// writeCredentials makes a self-signed serving certificate for 127.0.0.1/localhost (and
+// the extra IPs: the real node's pods reach the server through its service IP), a
 // service-account signing key and a static admin token in system:masters.
-func writeCredentials(dir string) (credentialFiles, error) {
+func writeCredentials(dir string, extraIPs []net.IP) (credentialFiles, error) {
 	f := credentialFiles{
 		ca:          filepath.Join(dir, "ca.crt"),
 		servingCert: filepath.Join(dir, "serving.crt"),
@@ -152,7 +162,7 @@ func writeCredentials(dir string) (credentialFiles, error) {
 		saKey:       filepath.Join(dir, "sa.key"),
 		tokens:      filepath.Join(dir, "tokens.csv"),
 	}
-	chain, key, err := cert.GenerateSelfSignedCertKey("localhost", []net.IP{net.ParseIP("127.0.0.1")}, []string{"localhost"})
+	chain, key, err := cert.GenerateSelfSignedCertKey("localhost", append([]net.IP{net.ParseIP("127.0.0.1")}, extraIPs...), []string{"localhost"})
 	if err != nil {
 		return f, err
 	}

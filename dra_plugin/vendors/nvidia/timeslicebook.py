@@ -1,0 +1,78 @@
+"""The retired time-slice book, `timeslice.json`: read once at start to migrate it.
+
+Versions up to this one kept, beside the checkpoint, per GPU the claims asking for a
+time-slice in the order they asked and the interval last set (`{"version": 1, "boot",
+"gpus": {<uuid>: {"claims": [[<claim uid>, <interval>], ...], "applied": <n>|null}}}`).
+The claims' records now keep it (timeslice.py: each device's vendor entry), so the first
+start of this version reads the book once: GPUs it names for claims the record no longer
+holds are set back to what the held claims ask (or Default), the order it kept is
+written into the held claims' entries, and the book is renamed to `RETIRED`.
+
+A damaged book is said once (ERROR, dra_plugin_checkpoint_damage_total{file="timeslice"})
+and set aside: the held claims' records are then all there is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from dra_plugin.host.files import move_aside, read_regular
+from dra_plugin.telemetry import metrics
+
+log = logging.getLogger(__name__)
+
+BOOK = "timeslice.json"
+RETIRED = BOOK + ".migrated"
+_VERSION = 1
+
+OldBook = dict[str, list[tuple[str, int]]]  # GPU UUID -> [(claim uid, interval)], in order
+
+
+def read_book(state_dir: Path, driver: str) -> OldBook:
+    """The old book's GPUs and their claims ({} when there is none, or it is damaged:
+    said, counted and set aside)."""
+    path = state_dir / BOOK
+    try:
+        raw = json.loads(read_regular(path))
+        if not isinstance(raw, Mapping) or raw.get("version") != _VERSION:
+            version = raw.get("version") if isinstance(raw, Mapping) else None
+            raise ValueError(f"version {version!r}")
+        return {
+            str(uuid): [(str(c), int(n)) for c, n in g["claims"]] for uuid, g in raw["gpus"].items()
+        }
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        try:
+            aside = f"set aside as {move_aside([path], time.time())[0].name}"
+        except OSError as err:
+            aside = f"left in place (cannot move it: {err})"
+        log.error(
+            "time-slice book %s (written by an earlier version, read once to move it into "
+            "the claims' record) is unusable (%s); %s. GPUs are set from the held claims' "
+            "records",
+            path,
+            exc,
+            aside,
+        )
+        metrics.checkpoint_damage(driver, "timeslice", "unreadable")
+        return {}
+
+
+def retire(state_dir: Path) -> None:
+    """Rename the book aside once the record holds what it said; a failure is said, and
+    the next start reads it again (which finds the record already holding it)."""
+    path = state_dir / BOOK
+    try:
+        os.replace(path, state_dir / RETIRED)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.error("cannot retire time-slice book %s: %s", path, exc)
+        return
+    log.info("time-slice book %s retired: the claims' record holds it; kept as %s", path, RETIRED)
