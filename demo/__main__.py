@@ -139,12 +139,9 @@ def run(cluster: Cluster) -> int:
         f"API server: {cluster.api.url} (fake, serving resource.k8s.io/v1)",
     )
 
-    # The kubelet first, as on a node (the plugin is a pod the kubelet runs): at its start
-    # it deletes every ResourceSlice of the node. Started after the plugin, it would wipe
-    # the slices the plugin had just published, or not yet, as the timing fell, and the
-    # plugin would publish them again at the next pool generation: generation=2 in one run,
-    # 1 in the next. That wipe and republish is real (a kubelet restart does it); the demo
-    # shows a node coming up, where the first publication is generation 1.
+    # The kubelet first, as on a node (the plugin is a pod the kubelet runs). A real one
+    # deletes every ResourceSlice of the node at its start (the kubelet judge shows it);
+    # the demo's kubelet is only its plugin side, so the first publication is generation 1.
     kubelet = cluster.kubelet((1, 35))
     daemon = cluster.start_daemon()
     daemon.wait_ready()

@@ -1,9 +1,11 @@
 """A whole simulated node around the real daemon, for integration tests, the demo and bench.
 
-- the fake API server (in this process, over HTTP on 127.0.0.1), with a kubeconfig;
+- an API server: the real kube-apiserver judge when the test hands one in (`server=`, a
+  `NodeServer`: tests/realapi.py's, shared across the test run), else the fault-injecting
+  fake (in this process, over HTTP on 127.0.0.1) for the tests that turn its controls;
 - a simulated udev node (umockdev) and the NVML stand-in library;
 - the real `dra-plugin run` as a subprocess (so SIGTERM and kill -9 are real);
-- the kubelet emulator over the real unix sockets.
+- the kubelet's plugin side (registration, DRA and health gRPC) over the real unix sockets.
 """
 
 from __future__ import annotations
@@ -20,13 +22,13 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from fakes import waits
 from fakes.apiserver import FakeAPIServer
-from fakes.kubelet import Claim, KubeApi, Kubelet, Plugin, get_info
+from fakes.kubelet import Claim, Kubelet, Plugin, get_info
 from fakes.nvml_lib import build_fake_nvml
 from fakes.simnode import SimNode
 
@@ -55,22 +57,66 @@ def allocated_claim(
 ) -> dict[str, Any]:
     """A ResourceClaim (v1 shape) allocated by the scheduler with the given results.
 
-    Each result: {"request", "driver", "pool", "device"} and optionally adminAccess/shareID.
+    Each result: {"request", "driver", "pool", "device"} and optionally adminAccess/shareID;
+    results of one request: one request of that count, as a valid claim has it.
     """
+    requests: dict[str, dict[str, Any]] = {}
+    for r in results:  # one request per name, counting the devices allocated for it
+        if r["request"] in requests:
+            exactly = requests[r["request"]]["exactly"]
+            exactly["count"] = exactly.get("count", 1) + 1
+        else:
+            exactly = {"deviceClassName": r["driver"]}
+            requests[r["request"]] = {"name": r["request"], "exactly": exactly}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid or str(uuid.uuid4())},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {"name": r["request"], "exactly": {"deviceClassName": r["driver"]}}
-                    for r in results
-                ]
-            }
-        },
+        "spec": {"devices": {"requests": list(requests.values())}},
         "status": {"allocation": {"devices": {"results": [dict(r) for r in results]}}},
     }
+
+
+class NodeServer(Protocol):
+    """What a Cluster needs of an API server for its node: the plugin's kubeconfig, seeded
+    claims, the node's stored slices and, at the end, its objects removed."""
+
+    def connect(self, node: str, tmp: Path) -> Path:
+        """The node made and the plugin's kubeconfig for it (written under tmp)."""
+        ...
+
+    def add_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        """Store `claim` (v1, with its status.allocation) as allocated by the scheduler."""
+        ...
+
+    def get_stored_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class FakeNodeServer:
+    """The fake API server as a NodeServer (one per Cluster, stopped with it)."""
+
+    def __init__(self, fake: FakeAPIServer) -> None:
+        self.fake = fake
+
+    def connect(self, node: str, tmp: Path) -> Path:
+        self.fake.add_node(node)
+        return write_kubeconfig(tmp / "kubeconfig", self.fake.url)
+
+    def add_claim(self, claim: Mapping[str, Any]) -> dict[str, Any]:
+        return self.fake.add_claim(dict(claim))
+
+    def get_stored_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.fake.get_stored_claim(namespace, name)
+
+    def node_slices(self, node: str) -> list[dict[str, Any]]:
+        return self.fake.list_stored_slices()
+
+    def close(self) -> None:
+        self.fake.stop()
 
 
 class Daemon:
@@ -138,6 +184,7 @@ class Cluster:
         api_versions: Sequence[str] = ("v1",),
         consumable_capacity: bool = True,
         registration_wait: float | None = 0.0,
+        server: NodeServer | None = None,
     ) -> None:
         self.registration_wait = registration_wait
         self.tmp = tmp
@@ -147,11 +194,16 @@ class Cluster:
         self.registry = self.sockets / "plugins_registry"
         self.plugins = self.sockets / "plugins"
         self.cdi = tmp / "cdi"
-        self.api = FakeAPIServer(
-            versions=api_versions, consumable_capacity=consumable_capacity
-        ).start()
-        self.api.add_node(node)
-        self.kubeconfig = write_kubeconfig(tmp / "kubeconfig", self.api.url)
+        # `api`: the fake, whose controls a test turns (faults, counts); None on a real
+        # server, which a test reaches through `server` and its own admin client.
+        self.api: FakeAPIServer | None = None
+        if server is None:
+            self.api = FakeAPIServer(
+                versions=api_versions, consumable_capacity=consumable_capacity
+            ).start()
+            server = FakeNodeServer(self.api)
+        self.server = server
+        self.kubeconfig = server.connect(node, tmp)
         self.sim = SimNode(profile)
         self.nvml_events = tmp / "nvml-events"
         self.nvml_events.touch()
@@ -212,7 +264,7 @@ class Cluster:
     def add_claim(self, name: str, driver: str, device: str, **extra: Any) -> Claim:
         """Seed a claim allocated to one of this node's devices; the kubelet's view of it."""
         result = {"request": "gpu", "driver": driver, "pool": self.node, "device": device}
-        obj = self.api.add_claim(allocated_claim(name, [{**result, **extra}]))
+        obj = self.server.add_claim(allocated_claim(name, [{**result, **extra}]))
         return Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], name)
 
     def kill_while_preparing(
@@ -232,6 +284,7 @@ class Cluster:
             with contextlib.suppress(grpc.RpcError):
                 plugin.prepare(list(refs))
 
+        assert self.api is not None, "a slow claim GET is the fake API server's control"
         self.api.claim_delay = api_delay
         t = threading.Thread(target=prepare)
         t.start()
@@ -242,19 +295,17 @@ class Cluster:
         self.api.claim_delay = 0
 
     def kubelet(self, version: tuple[int, int] = (1, 35), **options: Any) -> Kubelet:
-        """A kubelet (re)starting on this node: it wipes the node's slices first, as the
-        real one does, and then a driver's slices when the driver stays disconnected
-        (`wiping_delay`, 30 s by default); `feature_gates` as the kubelet takes them."""
-        k = Kubelet(
-            self.registry, self.plugins, version, api=KubeApi(self.api.url, self.node), **options
-        )
+        """The kubelet's plugin side on this node (registration, the DRA and health gRPC);
+        `feature_gates` as the kubelet takes them. Its slice wipes are the kubelet
+        judge's (tests/judges/test_kubelet.py)."""
+        k = Kubelet(self.registry, self.plugins, version, **options)
         self.kubelets.append(k)
         return k
 
     def slices(self, driver: str | None = None) -> list[dict[str, Any]]:
         return [
             s
-            for s in self.api.list_stored_slices()
+            for s in self.server.node_slices(self.node)
             if driver is None or s["spec"]["driver"] == driver
         ]
 
@@ -286,5 +337,5 @@ class Cluster:
         for d in self.daemons:
             d.kill()
         self.sim.close()
-        self.api.stop()
+        self.server.close()
         shutil.rmtree(self.sockets, ignore_errors=True)

@@ -13,10 +13,10 @@ kubelets call v1alpha1.DRAResourceHealth whatever the plugin advertises; a 1.37 
 opens a stream only for an advertised health service and prefers v1 over v1alpha1
 regardless of their order (pkg/kubelet/cm/dra/plugin, pickHealthService and add()).
 
-Given the API server (`api`), it also does what the kubelet's DRA manager does there:
-wipes the node's ResourceSlices at its start and a driver's slices once no plugin of it
-has been connected for the wiping delay (kubelet_slices.py), and prepares/unprepares a
-pod's claims in one call per driver (kubelet_pods.py, `prepare_pod`/`unprepare_pod`).
+What the kubelet does at the API server (the node's slices wiped at its start and a
+driver's after the wiping delay, a pod's claims prepared one call per driver) is not
+emulated here: the kubelet judge (tests/judges/kubelet.py, the kubelet's own DRA code)
+does it against a real API server.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ from dra_plugin._proto import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from fakes.kubelet_pods import Claim, PodClaims, PodFailed
-from fakes.kubelet_slices import WIPING_DELAY, KubeApi, SliceWiper
 
-__all__ = ["Claim", "KubeApi", "Kubelet", "Plugin", "PodFailed", "RegistrationRejected"]
+__all__ = ["Claim", "Kubelet", "Plugin", "RegistrationRejected"]
 
 GET_INFO_TIMEOUT = 1.0  # the kubelet's registration timeout
 DRA_CALL_TIMEOUT = 45.0  # the kubelet's per-call timeout for prepare/unprepare
@@ -68,6 +66,15 @@ HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
 HEALTH_BY_MARKER = {(1, 37): (HEALTH_V1, HEALTH_V1ALPHA1)}
 # Kubelets that call v1alpha1 without looking at the list.
 HEALTH_UNCONDITIONAL = {(1, 34), (1, 35), (1, 36)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim as the kubelet names it to a plugin."""
+
+    namespace: str
+    uid: str
+    name: str
 
 
 class RegistrationRejected(AssertionError):
@@ -151,9 +158,7 @@ class Kubelet:
         plugins_dir: Path,
         version: tuple[int, int] = (1, 35),
         *,
-        api: KubeApi | None = None,
         feature_gates: Mapping[str, bool] | None = None,
-        wiping_delay: float = WIPING_DELAY,
     ) -> None:
         self.registry_dir = registry_dir
         self.plugins_dir = plugins_dir
@@ -162,34 +167,6 @@ class Kubelet:
         self.gates.update(feature_gates or {})
         self.plugins: dict[str, Plugin] = {}
         self._registered: list[Plugin] = []  # every accepted registration, to close at the end
-        # Without an API server the kubelet cannot wipe (DRAPluginManager: kubeClient nil).
-        self.slices = SliceWiper(api, wiping_delay) if api is not None else None
-        self.pods = PodClaims(api, self.plugin_for) if api is not None else None
-        if self.slices is not None:
-            self.slices.start()
-
-    def plugin_for(self, driver: str) -> Plugin:
-        """GetPlugin: the plugin the kubelet calls for a driver, the latest registered one
-        that is connected, else the latest (a rolling update has two)."""
-        mine = [p for p in self._registered if p.info.name == driver]
-        if not mine:
-            raise PodFailed(f"DRA driver {driver} is not registered")
-        if self.slices is not None:
-            for p in reversed(mine):
-                if self.slices.connected(driver, p.info.endpoint):
-                    return p
-        return mine[-1]
-
-    def prepare_pod(self, pod: str, namespace: str, claims: Sequence[str]) -> dict[str, Any]:
-        """Prepare a pod's claims (by name) as the kubelet does: one call per driver."""
-        if self.pods is None:
-            raise AssertionError("this kubelet has no API server to read claims from")
-        return self.pods.prepare(pod, namespace, claims)
-
-    def unprepare_pod(self, pod: str, namespace: str, claims: Sequence[str]) -> dict[str, Any]:
-        if self.pods is None:
-            raise AssertionError("this kubelet prepared no pods")
-        return self.pods.unprepare(pod, namespace, claims)
 
     def _choose(self, offered: Sequence[str]) -> str:
         known = KNOWN_VERSIONS[self.version]
@@ -248,8 +225,6 @@ class Kubelet:
         if accept:
             self.plugins[info.name] = plugin
             self._registered.append(plugin)
-            if self.slices is not None:
-                self.slices.add(info.name, info.endpoint)
         return plugin
 
     def wait_for(self, driver: str, timeout: float = 15.0, exclude: Sequence[Path] = ()) -> Plugin:
@@ -271,8 +246,6 @@ class Kubelet:
         raise TimeoutError(f"no plugin for {driver} registered in {timeout}s (last error {last})")
 
     def close(self) -> None:
-        if self.slices is not None:
-            self.slices.close()
         for p in self._registered:
             p.close()
         self._registered.clear()

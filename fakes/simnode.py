@@ -312,7 +312,9 @@ class SimNode(SysfsWriter):
 
         `udev_control`: the file whose presence says udevd runs (default: the real one).
         """
-        return MonitorChild(self, debounce_seconds, udev_control, events=events)
+        return MonitorChild(
+            self.env(), self.listeners, debounce_seconds, udev_control, events=events
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The `monitor` child of a simulated node (SimNode.start_monitor): a DrmMonitor running
-under the preload, its on_change reports (or card events) read line by line."""
+under the preload, its on_change reports (or card events) read line by line. It knows the
+node only by its environment and its netlink listener count (no import of simnode.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from fakes.simnode import SimNode
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,19 +22,20 @@ class MonitorChild:
 
     def __init__(
         self,
-        node: SimNode,
+        env: Mapping[str, str],
+        listeners: Callable[[], int],
         debounce_seconds: float,
         udev_control: str | None = None,
         *,
         events: bool = False,
     ) -> None:
-        before = node.listeners()
+        before = listeners()
         control = [udev_control] if udev_control is not None else []
         mode = "events" if events else "monitor"
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "fakes.simnode", mode, str(debounce_seconds),
              *control],
-            env=node.env(), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=dict(env), cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -44,7 +44,7 @@ class MonitorChild:
         if ready != "ready":
             self.close()
             raise RuntimeError(f"monitor child did not start: {ready!r} {self.stderr()}")
-        assert node.listeners() > before, "the child's netlink socket is not in the testbed"
+        assert listeners() > before, "the child's netlink socket is not in the testbed"
 
     def _pump(self) -> None:
         assert self._proc.stdout is not None

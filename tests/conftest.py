@@ -16,6 +16,9 @@ import pytest
 from dra_plugin import crashpoints
 from fakes.claim_harness import Harness, intel_device
 
+# The real kube-apiserver, one per test process, shared by every test that asks for it.
+pytest_plugins = ["tests.realapi"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 from fakes.apiserver.errors import GROUP, HTTPError
 
 if TYPE_CHECKING:
-    from fakes.apiserver.server import FakeAPIServer
+    from fakes.apiserver.state import ServerState
 
 Obj = dict[str, Any]
 _GROUP_RE = re.compile(r"^/apis/resource\.k8s\.io(?:/(v1|v1beta1|v1beta2))?$")
 
 
-def answer(st: FakeAPIServer, path: str) -> tuple[int, Obj]:
+def answer(st: ServerState, path: str) -> tuple[int, Obj]:
     """(status, body) for a discovery GET of `path`."""
     if path == "/version":
         minor = st.git_version.split(".")[1]
@@ -97,7 +97,7 @@ def answer(st: FakeAPIServer, path: str) -> tuple[int, Obj]:
     raise HTTPError(404, "NotFound", "the server could not find the requested resource")
 
 
-def access_review(st: FakeAPIServer, body: Obj) -> tuple[int, Obj]:
+def access_review(st: ServerState, body: Obj) -> tuple[int, Obj]:
     """A SelfSubjectAccessReview, allowed when the allow list names it."""
     attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
     resource = attrs.get("resource", "")
@@ -112,7 +112,7 @@ def access_review(st: FakeAPIServer, body: Obj) -> tuple[int, Obj]:
     return 201, result
 
 
-def group(st: FakeAPIServer) -> Obj:
+def group(st: ServerState) -> Obj:
     versions = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in st.versions]
     return {
         "kind": "APIGroup",
@@ -123,6 +123,6 @@ def group(st: FakeAPIServer) -> Obj:
     }
 
 
-def served(st: FakeAPIServer, version: str) -> None:
+def served(st: ServerState, version: str) -> None:
     if version not in st.versions:
         raise HTTPError(404, "NotFound", "the server could not find the requested resource")

@@ -25,7 +25,7 @@ from fakes.apiserver.convert import (
 from fakes.apiserver.errors import FAIL_REASONS, GROUP, HTTPError, RawBody, not_found
 
 if TYPE_CHECKING:
-    from fakes.apiserver.server import FakeAPIServer
+    from fakes.apiserver.state import ServerState
 
 Obj = dict[str, Any]
 _SLICES_RE = re.compile(
@@ -40,7 +40,7 @@ _SSAR = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 
 class Handler(BaseHTTPRequestHandler):
-    server_state: FakeAPIServer
+    server_state: ServerState
     protocol_version = "HTTP/1.1"  # keep-alive and chunked watches, like the real server
     # Headers and body go out in two send()s; with Nagle on, a kept-alive client in
     # delayed-ACK mode would wait ~40 ms for every small answer. A real server does not.
@@ -193,7 +193,7 @@ class Handler(BaseHTTPRequestHandler):
         if name is None and method == "GET":
             if query.get("watch") in ("1", "true", "True"):
                 self._count("watch", res)
-                watch.stream(self, version, query)
+                watch.stream(self, st, version, query)
                 return 0, {}
             self._count("list", res)
             with st.lock:

@@ -18,7 +18,7 @@ from fakes.apiserver import workloads
 from fakes.apiserver.errors import status_body
 
 if TYPE_CHECKING:
-    from fakes.apiserver.server import FakeAPIServer
+    from fakes.apiserver.state import ServerState
 
 Obj = dict[str, Any]
 _PODS_RE = re.compile(r"^/api/v1/namespaces/([^/]+)/pods(?:/([^/]+))?$")
@@ -27,20 +27,11 @@ _CLAIM_LIST_RE = re.compile(r"^/apis/resource\.k8s\.io/v1(?:/namespaces/([^/]+))
 _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-class Objects:
-    """Pods and DeviceClasses of one fake API server (guarded by the server's lock)."""
-
-    def __init__(self) -> None:
-        self.pods: dict[tuple[str, str], Obj] = {}
-        self.classes: dict[str, Obj] = {}
-        self.deployments: dict[tuple[str, str], Obj] = {}  # workloads.py
-
-
 def _error(code: int, reason: str, message: str) -> tuple[int, Obj]:
     return code, status_body(code, reason, message)
 
 
-def _stamp(st: FakeAPIServer, obj: Obj, *, namespace: str | None = None) -> Obj:
+def _stamp(st: ServerState, obj: Obj, *, namespace: str | None = None) -> Obj:
     obj = copy.deepcopy(obj)
     meta = obj.setdefault("metadata", {})
     if namespace is not None:
@@ -72,10 +63,10 @@ def _selected(obj: Obj, selector: str) -> bool:
 
 
 def route(
-    st: FakeAPIServer, method: str, path: str, query: dict[str, str], body: Obj
+    st: ServerState, method: str, path: str, query: dict[str, str], body: Obj
 ) -> tuple[int, Obj] | None:
     """(status, body) for the paths this module serves; None for all others."""
-    objects: Objects = st.objects
+    objects = st.objects
     if (served := workloads.route(st, method, path, query, body)) is not None:
         return served
     if path == _SLICES and method == "DELETE":

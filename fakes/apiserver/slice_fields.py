@@ -7,8 +7,8 @@ does with the same bodies:
               default), refused (Strict: 400) or dropped silently (Ignore) (here);
   drop gated  fields of feature gates that are off at the emulated version are dropped,
               unless the stored slice already uses them (the ratchet on update) (here);
-  validate    slice_rules.py, one table of rules;
-  canonical   quantities are stored in their canonical spelling (quantities.py).
+  validate    and canonical quantities: the real server's alone (the fake stores the
+              rest as sent; tests judge slices on the real one, tests/realapi.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""ResourceSlices in the fake API server: the stored slices, their writes in the real
-server's order (decode, drop gated fields, validate, canonical quantities, store) and the
-event history watches read."""
+"""ResourceSlices in the fake API server: the stored slices, their writes (decode, drop
+gated fields, store as sent) and the event history watches read. Whether a
+slice is valid is the real server's to say (tests/realapi.py): the fake stores it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fakes.apiserver import quantities, slice_fields
+from fakes.apiserver import slice_fields
 from fakes.apiserver.convert import now, slice_from_v1, slice_to_v1
 from fakes.apiserver.errors import GROUP, HTTPError, not_found, slice_details
-from fakes.apiserver.slice_rules import validate_slice
 
 Obj = dict[str, Any]
 
@@ -28,7 +27,6 @@ class SliceStore:
     events: list[tuple[int, str, Obj]]  # (rv, type, v1 object)
     history: int
     oldest_rv: int
-    invalid: list[tuple[str, list[tuple[str, str]]]]  # rejected writes
     _next_rv: Callable[[], str]
     slice_gates: Callable[[], slice_fields.SliceGates]
 
@@ -107,8 +105,6 @@ class SliceStore:
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
         self._prepare(version, body, None, field_validation, warnings)
-        self._validate(version, body, name)
-        quantities.canonicalize(body.get("spec") or {}, version)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
         obj["kind"] = "ResourceSlice"
@@ -158,8 +154,6 @@ class SliceStore:
             stored = self.slices.get(name)
             old = slice_from_v1(stored, version)["spec"] if stored else None
         self._prepare(version, body, old, field_validation, warnings)
-        self._validate(version, body, name)
-        quantities.canonicalize(body.get("spec") or {}, version)
         obj = slice_to_v1(body, version)
         obj["apiVersion"] = f"{GROUP}/v1"
         obj["kind"] = "ResourceSlice"
@@ -224,19 +218,6 @@ class SliceStore:
         spec = body.get("spec")
         if isinstance(spec, dict):
             slice_fields.drop_gated(spec, old_spec, version, self.slice_gates())
-
-    def _validate(self, version: str, body: Obj, name: str) -> None:
-        errs = validate_slice(body, version)
-        if errs:
-            with self.lock:
-                self.invalid.append((name, errs))
-            message = f'ResourceSlice.{GROUP} "{name}" is invalid: ' + ", ".join(
-                f"{f}: {m}" for f, m in errs
-            )
-            unknown = [e for e in errs if "unknown field" in e[1]]
-            if unknown and len(unknown) == len(errs):
-                raise HTTPError(400, "BadRequest", f"strict decoding error: {message}")
-            raise HTTPError(422, "Invalid", message, slice_details(name, errs))
 
 
 def _stamp_taints(obj: Obj, now: str) -> None:

@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import json
 import time
+from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
 from fakes.apiserver.convert import match_fields, match_labels, slice_from_v1
 from fakes.apiserver.errors import status_body
 
 if TYPE_CHECKING:
-    from fakes.apiserver.handler import Handler
+    from fakes.apiserver.state import ServerState
 
 Obj = dict[str, Any]
 
 
-def stream(h: Handler, version: str, query: dict[str, str]) -> None:
+def stream(h: BaseHTTPRequestHandler, st: ServerState, version: str, query: dict[str, str]) -> None:
     """Answer a watch of slices: chunked events from `resourceVersion` on (synthetic
     ADDED events first when none is given; 410 Expired when it is older than the history)
     until `timeoutSeconds` or the server stops."""
-    st = h.server_state
     fields = query.get("fieldSelector", "")
     labels = query.get("labelSelector", "")
     deadline = time.monotonic() + float(query.get("timeoutSeconds") or 1800)

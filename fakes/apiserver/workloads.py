@@ -11,7 +11,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fakes.apiserver.server import FakeAPIServer
+    from fakes.apiserver.state import ServerState
 
 Obj = dict[str, Any]
 _DEPLOYMENTS_RE = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments(?:/([^/]+))?$")
@@ -43,7 +43,7 @@ def _list(kind: str, api_version: str, items: list[Obj], rv: int) -> Obj:
     }
 
 
-def deployments(st: FakeAPIServer) -> dict[tuple[str, str], Obj]:
+def deployments(st: ServerState) -> dict[tuple[str, str], Obj]:
     store: dict[tuple[str, str], Obj] = st.objects.deployments
     return store
 
@@ -53,7 +53,7 @@ def _verb(method: str, name: str | None) -> str:
 
 
 def route(
-    st: FakeAPIServer, method: str, path: str, query: dict[str, str], body: Obj
+    st: ServerState, method: str, path: str, query: dict[str, str], body: Obj
 ) -> tuple[int, Obj] | None:
     if m := _DEPLOYMENTS_RE.match(path):
         ns, name = m.group(1), m.group(2)

@@ -4,7 +4,7 @@ the node's major/minor numbers, and /dev/kfd is there once for a two-partition c
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from fakes import podman as rt
 from fakes.cluster import Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 AMD = "gpu.amd.com"
 APU = CARDS["amd-apu"].name
@@ -29,9 +30,11 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> rt.Podman:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, real_servers: Callable[[], RealNodeServer]
+) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("amd")
-    c = Cluster(tmp, profile="amd-apu+amd-mi300x", nvml_profile=None)
+    c = Cluster(tmp, profile="amd-apu+amd-mi300x", nvml_profile=None, server=real_servers())
     try:
         c.start_daemon(env={"VENDORS": "amd", "HOST_ROOT": str(tmp / "host")}).wait_ready([AMD])
         yield c
@@ -46,7 +49,7 @@ def _prepare(cluster: Cluster, name: str, devices: list[str]) -> list[str]:
         {"request": f"gpu{i}", "driver": AMD, "pool": cluster.node, "device": d}
         for i, d in enumerate(devices)
     ]
-    obj = cluster.api.add_claim(allocated_claim(name, results))
+    obj = cluster.server.add_claim(allocated_claim(name, results))
     uid = obj["metadata"]["uid"]
     resp = plugin.prepare([Claim("default", uid, name)]).claims[uid]
     assert resp.error == "", resp.error

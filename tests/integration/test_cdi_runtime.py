@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from fakes import podman as rt
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 IGPU = CARDS["igpu"].name
 # Stand-ins for the NVIDIA control nodes where the host has no driver; nvidia-uvm's major
@@ -51,9 +52,16 @@ class Prepared:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory: pytest.TempPathFactory, runtime: rt.Podman) -> Iterator[Prepared]:
+def prepared(
+    tmp_path_factory: pytest.TempPathFactory,
+    runtime: rt.Podman,
+    real_servers: Callable[[], RealNodeServer],
+) -> Iterator[Prepared]:
     cluster = Cluster(
-        tmp_path_factory.mktemp("cluster"), profile="igpu+nvidia", nvml_profile="datacenter"
+        tmp_path_factory.mktemp("cluster"),
+        profile="igpu+nvidia",
+        nvml_profile="datacenter",
+        server=real_servers(),
     )
     try:
         cluster.start_daemon().wait_ready()
@@ -154,11 +162,13 @@ def test_runtime_accepts_the_lowest_cdi_version_we_write(
     print(f"{rt.versions()}: accepts cdiVersion {accepted[0]}..{accepted[-1]}")
 
 
-def test_pod_reads_its_device_metadata(runtime: rt.Podman, tmp_path: Path) -> None:
+def test_pod_reads_its_device_metadata(
+    runtime: rt.Podman, tmp_path: Path, real_server: RealNodeServer
+) -> None:
     """KEP-5304 end to end: with DEVICE_METADATA=true a container finds its metadata file
     at the well-known path (directly named claim and template claim) and in it the pciBusID
     its GPU is published with."""
-    cluster = Cluster(tmp_path, profile="empty", nvml_profile="datacenter")
+    cluster = Cluster(tmp_path, profile="empty", nvml_profile="datacenter", server=real_server)
     try:
         cluster.start_daemon(env={"VENDORS": "nvidia", "DEVICE_METADATA": "true"}).wait_ready(
             [NVIDIA]
@@ -177,7 +187,7 @@ def test_pod_reads_its_device_metadata(runtime: rt.Podman, tmp_path: Path) -> No
                                  "device": gpus[1]}]
         )  # fmt: skip
         obj["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "accel"}
-        stored = cluster.api.add_claim(obj)
+        stored = cluster.server.add_claim(obj)
         template = Claim("default", stored["metadata"]["uid"], "pod-accel-x7k2p")
         base = "/var/run/kubernetes.io/dra-device-attributes"
         for claim, path, device in (

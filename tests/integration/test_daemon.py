@@ -18,6 +18,7 @@ from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim, get_info
 from fakes.simnode import CARDS, unavailable_reason
 from fakes.waits import wait_for
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -27,7 +28,15 @@ IGPU = CARDS["igpu"].name  # the simulated Core Ultra iGPU's device name
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter", server=real_server)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def fake_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """On the fake API server: a test that slows its claim GETs."""
     c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
     yield c
     c.close()
@@ -65,12 +74,12 @@ def test_register_publish_prepare_unprepare(
     cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
     cluster.wait_for("nvidia slices", lambda: "gpu-0" in cluster.published(NVIDIA))
 
-    ok = cluster.api.add_claim(
+    ok = cluster.server.add_claim(
         allocated_claim(
             "gpu-test", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
         )
     )
-    other = cluster.api.add_claim(
+    other = cluster.server.add_claim(
         allocated_claim(
             "elsewhere", [{"request": "gpu", "driver": INTEL, "pool": "other-node", "device": IGPU}]
         )
@@ -126,13 +135,14 @@ def test_stale_sockets_at_start_and_sigterm_cleanup(cluster: Cluster) -> None:
     assert logs.index("shutting down") < logs.index("stopped driver=")
 
 
-def test_sigterm_lets_inflight_prepare_finish(cluster: Cluster) -> None:
+def test_sigterm_lets_inflight_prepare_finish(fake_cluster: Cluster) -> None:
+    cluster = fake_cluster
     daemon = cluster.start_daemon(env={"VENDORS": "intel"})
     daemon.wait_ready([INTEL])
     kubelet = cluster.kubelet()
     plugin = kubelet.wait_for(INTEL)
     cluster.wait_for("slices", lambda: cluster.published(INTEL))
-    claim = cluster.api.add_claim(
+    claim = cluster.server.add_claim(
         allocated_claim(
             "slow", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
         )
@@ -171,7 +181,7 @@ def test_the_cdi_dir_holds_only_specs_and_records_while_serving_and_after_sigter
     cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
     gpu = cluster.wait_for("nvidia slices", lambda: cluster.published(NVIDIA))[0]
     for driver, device in ((INTEL, IGPU), (NVIDIA, gpu)):
-        obj = cluster.api.add_claim(
+        obj = cluster.server.add_claim(
             allocated_claim(
                 f"c-{driver.split('.')[1]}",
                 [{"request": "gpu", "driver": driver, "pool": cluster.node, "device": device}],
@@ -258,8 +268,10 @@ def test_healthz_fails_when_a_socket_is_gone(cluster: Cluster) -> None:
     assert daemon.terminate() == 0
 
 
-def test_nvidia_only_node_without_intel_gpu_runs(tmp_path: Path) -> None:
-    c = Cluster(tmp_path, profile="empty", nvml_profile=None)
+def test_nvidia_only_node_without_intel_gpu_runs(
+    tmp_path: Path, real_server: RealNodeServer
+) -> None:
+    c = Cluster(tmp_path, profile="empty", nvml_profile=None, server=real_server)
     try:
         daemon = c.start_daemon()
         daemon.wait_ready()

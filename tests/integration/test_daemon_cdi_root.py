@@ -13,6 +13,7 @@ import pytest
 from fakes.cluster import INTEL, Cluster
 from fakes.hostroot import host_root
 from fakes.simnode import unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -34,8 +35,10 @@ def _metrics(port: int) -> str:
 
 
 @pytest.mark.parametrize("listed", [False, True])
-def test_daemon_reports_cdi_root_on_talos(tmp_path: Path, listed: bool) -> None:
-    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+def test_daemon_reports_cdi_root_on_talos(
+    tmp_path: Path, listed: bool, real_server: RealNodeServer
+) -> None:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None, server=real_server)
     port = _free_port()
     with host_root(tmp_path / "host") as host:
         host.talos_113(merged_dirs=["/run/cdi", str(c.cdi)] if listed else ["/run/cdi"])

@@ -15,11 +15,12 @@ import pytest
 from dra_plugin.daemon import STEPS
 from fakes.cluster import ROOT, Cluster
 from tests.integration.test_telemetry import _free_port
+from tests.realapi import RealNodeServer
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, server=real_server)
     try:
         yield c
     finally:

@@ -13,6 +13,7 @@ import pytest
 from fakes.cluster import INTEL, NVIDIA, Cluster
 from fakes.kubelet import Claim
 from fakes.simnode import unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -23,8 +24,8 @@ HOSTILE = Claim(namespace=f"ns\n{FORGED}", uid="uid\x00\nFORGED-UID", name="gpu\
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) ")
 
 
-def _run_hostile_claim(tmp_path: Path, log_format: str) -> bytes:
-    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+def _run_hostile_claim(tmp_path: Path, server: RealNodeServer, log_format: str) -> bytes:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None, server=server)
     try:
         daemon = c.start_daemon(env={"VENDORS": "intel", "LOG_FORMAT": log_format})
         daemon.wait_ready([INTEL])
@@ -41,8 +42,8 @@ def _run_hostile_claim(tmp_path: Path, log_format: str) -> bytes:
         c.close()
 
 
-def test_text_logs_escape_control_characters(tmp_path: Path) -> None:
-    raw = _run_hostile_claim(tmp_path, "text")
+def test_text_logs_escape_control_characters(tmp_path: Path, real_server: RealNodeServer) -> None:
+    raw = _run_hostile_claim(tmp_path, real_server, "text")
     assert b"\x00" not in raw and b"\r" not in raw and b"\x1b" not in raw
     lines = raw.decode().splitlines()
     # Every line is one of our records, or an indented continuation (a traceback).
@@ -54,18 +55,22 @@ def test_text_logs_escape_control_characters(tmp_path: Path) -> None:
     assert "uid\\x00\\nFORGED-UID" in failed[0]
 
 
-def test_json_logs_stay_one_valid_object_per_line(tmp_path: Path) -> None:
-    raw = _run_hostile_claim(tmp_path, "json")
+def test_json_logs_stay_one_valid_object_per_line(
+    tmp_path: Path, real_server: RealNodeServer
+) -> None:
+    raw = _run_hostile_claim(tmp_path, real_server, "json")
     records = [json.loads(line) for line in raw.decode().splitlines()]
     messages = [r["msg"] for r in records]
     # The values come back exactly as the kubelet sent them once the JSON is read.
     assert any(HOSTILE.uid in m for m in messages if "prepare failed" in m), messages
 
 
-def test_sigterm_logs_one_stopped_line_per_driver(tmp_path: Path) -> None:
+def test_sigterm_logs_one_stopped_line_per_driver(
+    tmp_path: Path, real_server: RealNodeServer
+) -> None:
     """The shutdown stops each driver's server, and the exit stack's clean-up (there for a
     start that fails half-way) stopped it again: two `stopped driver=` lines per driver."""
-    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter", server=real_server)
     try:
         daemon = c.start_daemon()
         daemon.wait_ready([INTEL, NVIDIA])

@@ -124,9 +124,9 @@ def test_a_kubelet_restart_gets_the_pool_back_at_once(cluster: Cluster) -> None:
     cluster.kubelet().wait_for(INTEL)
     cluster.wait_for("slices", lambda: cluster.pool_complete(INTEL))
     creates = cluster.api.count("create", "resourceslices")
-    cluster.kubelet()  # its start-up wipe, done when it returns
-    assert cluster.kubelets[-1].slices is not None and cluster.kubelets[-1].slices.wiped == [None]
-    assert cluster.api.count("delete", "resourceslices") >= 1
+    # The restarted kubelet's start-up wipe (the kubelet judge does it in
+    # tests/judges/test_kubelet.py); it has registered nothing yet.
+    assert cluster.api.delete_all_slices(cluster.node) >= 1
     cluster.wait_for("the pool back", lambda: cluster.pool_complete(INTEL))
     assert cluster.api.count("create", "resourceslices") > creates
     assert daemon.logs().count(REGISTERED) == 1

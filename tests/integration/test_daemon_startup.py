@@ -11,6 +11,7 @@ import pytest
 
 from fakes.cluster import INTEL, Cluster
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None, server=real_server)
     yield c
     c.close()
 

@@ -16,13 +16,14 @@ import pytest
 from fakes.acme_vendor import DRIVER, ROOT_ENV, write_cards
 from fakes.cluster import ROOT, Cluster
 from tests.integration.test_telemetry import _free_port, sampled
+from tests.realapi import RealNodeServer
 
 MODULE = "fakes.acme_vendor"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="empty", nvml_profile=None)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="empty", nvml_profile=None, server=real_server)
     write_cards(tmp_path / "acme", 2)
     try:
         yield c

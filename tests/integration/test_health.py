@@ -12,6 +12,7 @@ import pytest
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim, Plugin
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -23,8 +24,8 @@ UNHEALTHY, HEALTHY = 2, 1
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter", server=real_server)
     yield c
     c.close()
 
@@ -99,7 +100,7 @@ def test_udev_unbind_of_held_device_then_rebind(cluster: Cluster) -> None:
     kubelet = cluster.kubelet((1, 36))  # ResourceHealthStatus on by default
     plugin = kubelet.wait_for(INTEL)
     cluster.wait_for("slice", lambda: IGPU in cluster.published(INTEL))
-    claim = cluster.api.add_claim(
+    claim = cluster.server.add_claim(
         allocated_claim(
             "held", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
         )

@@ -6,7 +6,7 @@ VFIO-bound GPU gets the /dev/vfio nodes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from dra_plugin.apivalues.quantity import parse_quantity
 from fakes.cluster import INTEL, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -27,8 +28,15 @@ VFIO, XE_VFIO = CARDS["vfio"].name, CARDS["xe-vfio"].name
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("intel"), profile=EXPECTED["profile"], nvml_profile=None)
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, real_servers: Callable[[], RealNodeServer]
+) -> Iterator[Cluster]:
+    c = Cluster(
+        tmp_path_factory.mktemp("intel"),
+        profile=EXPECTED["profile"],
+        nvml_profile=None,
+        server=real_servers(),
+    )
     c.start_daemon(env=EXPECTED["env"]).wait_ready([INTEL])
     c.wait_for("slices", lambda: set(c.published(INTEL)) == set(EXPECTED["devices"]))
     yield c
@@ -62,7 +70,7 @@ def test_vfio_claim_gets_the_vfio_nodes(cluster: Cluster) -> None:
         {"request": "vm", "driver": INTEL, "pool": cluster.node, "device": VFIO},
         {"request": "vm", "driver": INTEL, "pool": cluster.node, "device": XE_VFIO},
     ]
-    obj = cluster.api.add_claim(allocated_claim("vm", results))
+    obj = cluster.server.add_claim(allocated_claim("vm", results))
     uid = obj["metadata"]["uid"]
     kubelet = cluster.kubelet()
     try:

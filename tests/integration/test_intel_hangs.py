@@ -15,6 +15,7 @@ from fakes.cluster import INTEL, Cluster
 from fakes.kubelet import Plugin
 from fakes.simnode import CARDS, unavailable_reason
 from tests.integration.test_telemetry import Scrape, sampled, start
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -27,8 +28,8 @@ UNHEALTHY, HEALTHY = 2, 1
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="igpu+dgpu", nvml_profile=None)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu+dgpu", nvml_profile=None, server=real_server)
     yield c
     c.close()
 

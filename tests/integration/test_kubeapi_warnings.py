@@ -1,18 +1,20 @@
 """The server's Warning headers reach the plugin's log: a slice field the server dropped
 (unknown to its version; fieldValidation defaults to Warn and the write succeeds) is said,
-once, instead of vanishing. Against the fake here; test_apiserver_plugin.py has the real
-server say the same."""
+once, instead of vanishing. Said by the real server (shared, tests/realapi.py; dry runs,
+nothing stored); test_apiserver_plugin.py has it say the same to the chart's identity."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
 from dra_plugin.kubeapi import KubeAPI, Obj, Timeouts
 from dra_plugin.kubeapi.serverwarnings import server_warning_text
-from fakes.apiserver import FakeAPIServer
+from fakes.judges.apiserver import ApiServer
+from tests.judges.chart_identity import write_kubeconfig
 
 FAST = Timeouts(connect=1, read=5, read_attempts=2, backoff_initial=0.01)
 
@@ -31,18 +33,22 @@ def slice_with_unknown_field(node: str) -> Obj:
     }
 
 
-def test_a_dropped_field_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    with FakeAPIServer(versions=("v1",)) as srv:
+def test_a_dropped_field_is_logged_once(
+    caplog: pytest.LogCaptureFixture, real_api: ApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, real_api, real_api.admin_token)
 
-        async def go() -> list[Obj]:
-            api = KubeAPI.from_url(srv.url, timeouts=FAST)
-            try:
-                return [await api.create_slice(slice_with_unknown_field("n1")) for _ in range(2)]
-            finally:
-                await api.close()
+    async def go() -> list[Obj]:
+        api = KubeAPI.from_kubeconfig(str(kubeconfig), timeouts=FAST)
+        try:
+            body = slice_with_unknown_field("n1")
+            return [await api.create_slice(body, dry_run=True) for _ in range(2)]
+        finally:
+            await api.close()
 
-        with caplog.at_level(logging.WARNING, logger="dra_plugin.kubeapi"):
-            got = asyncio.run(go())
+    with caplog.at_level(logging.WARNING, logger="dra_plugin.kubeapi"):
+        got = asyncio.run(go())
     assert all("futureField" not in d for g in got for d in g["spec"]["devices"])
     said = [r.getMessage() for r in caplog.records if "warns" in r.getMessage()]
     assert len(said) == 1

@@ -15,6 +15,7 @@ import pytest
 from fakes.cluster import INTEL, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -23,14 +24,14 @@ IGPU = CARDS["igpu"].name
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None, server=real_server)
     yield c
     c.close()
 
 
 def status_devices(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    claim = cluster.api.get_stored_claim("default", name)
+    claim = cluster.server.get_stored_claim("default", name)
     return list((claim.get("status") or {}).get("devices") or [])
 
 
@@ -45,7 +46,7 @@ def test_intel_share_is_said_to_be_accounting_only(cluster: Cluster) -> None:
         result = {"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}
         if mode == "shared":
             result |= {"shareID": str(uuid.uuid4()), "consumedCapacity": {"shares": "1"}}
-        obj = cluster.api.add_claim(allocated_claim(name, [result]))
+        obj = cluster.server.add_claim(allocated_claim(name, [result]))
         ref = Claim("default", obj["metadata"]["uid"], name)
         assert plugin.prepare([ref]).claims[ref.uid].error == ""
         (entry,) = cluster.wait_for(

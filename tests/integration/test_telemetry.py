@@ -22,6 +22,7 @@ from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim
 from fakes.ports import free_port as _free_port
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -103,8 +104,8 @@ def sampled(cluster: Cluster, port: int, predicate: object = None) -> Scrape:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile="igpu+dgpu+sriov", nvml_profile="datacenter")
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, profile="igpu+dgpu+sriov", nvml_profile="datacenter", server=real_server)
     yield c
     c.close()
 
@@ -225,7 +226,7 @@ def test_claim_info_joins_devices_to_claims_and_pods(cluster: Cluster) -> None:
     result = {"request": "gpu", "driver": NVIDIA, "pool": cluster.node, "device": "gpu-0"}
     obj = allocated_claim("train", [result], namespace="ml")
     obj["status"]["reservedFor"] = [{"resource": "pods", "name": "trainer-0", "uid": "p1"}]
-    stored = cluster.api.add_claim(obj)
+    stored = cluster.server.add_claim(obj)
     train = Claim("ml", stored["metadata"]["uid"], "train")
     transcode = cluster.add_claim("transcode", INTEL, DGPU.name)  # reserved for no pod
     assert nv_plugin.prepare([train]).claims[train.uid].error == ""
@@ -455,8 +456,8 @@ def test_nvml_values_a_gpu_does_not_have_are_absent(
         assert all(("memory_total_bytes", ()) in got[name] for name in whole)
 
 
-def test_amd_gpus_from_amdgpu_sysfs_and_hwmon(tmp_path: Path) -> None:
-    c = Cluster(tmp_path, profile="amd+amd-apu", nvml_profile=None)
+def test_amd_gpus_from_amdgpu_sysfs_and_hwmon(tmp_path: Path, real_server: RealNodeServer) -> None:
+    c = Cluster(tmp_path, profile="amd+amd-apu", nvml_profile=None, server=real_server)
     try:
         daemon, port = start(
             c, drivers=("gpu.amd.com",), VENDORS="amd", HOST_ROOT=str(tmp_path / "host")

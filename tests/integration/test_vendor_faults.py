@@ -17,6 +17,7 @@ from fakes.acme_vendor import DRIVER, FAULT_FILE, RESCAN_FIFO, ROOT_ENV, write_c
 from fakes.cluster import INTEL, Cluster, Daemon
 from fakes.simnode import CARDS
 from tests.integration.test_telemetry import Scrape, _free_port
+from tests.realapi import RealNodeServer
 
 MODULE = "fakes.acme_vendor"
 IGPU = CARDS["igpu"].name
@@ -24,8 +25,8 @@ RETRY = 5 + 10 + 5  # the first backoff (5 s), a margin for a loaded machine
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, nvml_profile=None)
+def cluster(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, nvml_profile=None, server=real_server)
     write_cards(tmp_path / "acme", 2)
     try:
         yield c

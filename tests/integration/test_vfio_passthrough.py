@@ -6,7 +6,7 @@ on it gets /dev/vfio nodes only."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from dra_plugin.apivalues.quantity import parse_quantity
 from fakes.cluster import NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, SimNode, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -35,9 +36,13 @@ def _host_root(tmp: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def nvidia(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def nvidia(
+    tmp_path_factory: pytest.TempPathFactory, real_servers: Callable[[], RealNodeServer]
+) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("nvidia-vfio")
-    c = Cluster(tmp, profile="nvidia-vfio", nvml_profile="datacenter")
+    c = Cluster(
+        tmp, profile="nvidia-vfio", nvml_profile="datacenter", node="node-nv", server=real_servers()
+    )
     env = {"VENDORS": "nvidia", "NVIDIA_VFIO": "true", "HOST_ROOT": str(_host_root(tmp))}
     c.start_daemon(env=env).wait_ready([NVIDIA])
     c.wait_for("slices", lambda: "gpu-vfio-1" in c.published(NVIDIA))
@@ -46,8 +51,16 @@ def nvidia(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def amd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("amd-vfio"), profile="amd+amd-vfio", nvml_profile=None)
+def amd(
+    tmp_path_factory: pytest.TempPathFactory, real_servers: Callable[[], RealNodeServer]
+) -> Iterator[Cluster]:
+    c = Cluster(
+        tmp_path_factory.mktemp("amd-vfio"),
+        profile="amd+amd-vfio",
+        nvml_profile=None,
+        node="node-amd",
+        server=real_servers(),
+    )
     c.start_daemon(env={"VENDORS": "amd", "AMD_VFIO": "true"}).wait_ready([AMD])
     c.wait_for("slices", lambda: {AMD_VFIO, NAVI} <= set(c.published(AMD)))
     yield c
@@ -76,7 +89,7 @@ def _prepare(
         {"request": f"r{i}", "driver": driver, "pool": cluster.node, "device": d}
         for i, d in enumerate(devices)
     ]
-    obj = cluster.api.add_claim(allocated_claim(f"vm-{len(devices)}-{devices[0]}", results))
+    obj = cluster.server.add_claim(allocated_claim(f"vm-{len(devices)}-{devices[0]}", results))
     uid = obj["metadata"]["uid"]
     claim = Claim("default", uid, obj["metadata"]["name"])
     path = cluster.cdi / f"k8s.{driver}-claim_{uid}.json"

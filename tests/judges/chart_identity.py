@@ -43,11 +43,13 @@ CHART_KINDS = (
 )
 
 
-def render_chart(*, values: Obj | None = None, kube_version: str = "1.37.2") -> list[Obj]:
+def render_chart(
+    *, values: Obj | None = None, kube_version: str = "1.37.2", release: str = RELEASE
+) -> list[Obj]:
     """`helm template` of the chart, as the chart tests run it (release gpu, dra-system)."""
     if not os.access(HELM, os.X_OK):
         raise JudgeError(f"helm is not installed at {HELM}: run .ci/install-helm")
-    args = [str(HELM), "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args = [str(HELM), "template", release, str(CHART), "--namespace", NAMESPACE]
     args += ["--kube-version", kube_version]
     with tempfile.TemporaryDirectory(prefix="judge-helm-") as tmp:
         if values:
@@ -77,14 +79,16 @@ class Chart:
         return [o for o in self.objects if o.get("kind") == kind]
 
 
-_charts: dict[str, Chart] = {}
+_charts: dict[tuple[str, str], Chart] = {}
 
 
-def chart_on(server: ApiServer) -> Chart:
-    """The chart's identity on `server`, installed once per server (default values)."""
-    chart = _charts.get(str(server.dir))
+def chart_on(server: ApiServer, *, values: Obj | None = None, release: str = RELEASE) -> Chart:
+    """The chart's identity on `server`, installed once per server and release (default
+    values unless given: a second release beside the default one needs its own name)."""
+    key = (str(server.dir), release)
+    chart = _charts.get(key)
     if chart is None:
-        chart = _charts[str(server.dir)] = install_chart(server)
+        chart = _charts[key] = install_chart(server, values=values, release=release)
     return chart
 
 
@@ -93,11 +97,11 @@ def fresh_node() -> str:
     return f"node-{uuid.uuid4().hex[:8]}"
 
 
-def install_chart(server: ApiServer, *, values: Obj | None = None) -> Chart:
+def install_chart(server: ApiServer, *, values: Obj | None = None, release: str = RELEASE) -> Chart:
     """Load the chart's namespace, ServiceAccount, RBAC and admission policies, exactly as
     rendered, and wait until the admission policies are in force."""
     kube_version = server.emulated_version + ".0" if server.emulated_version else "1.37.2"
-    rendered = render_chart(values=values, kube_version=kube_version)
+    rendered = render_chart(values=values, kube_version=kube_version, release=release)
     objects = [o for o in rendered if o.get("kind") in CHART_KINDS]
     accounts = [o for o in objects if o["kind"] == "ServiceAccount"]
     if len(accounts) != 1:

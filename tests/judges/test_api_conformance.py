@@ -1,6 +1,7 @@
-"""The table of ResourceSlice cases (slice_cases.py) against two servers: the fake (fast,
-every run) and the real kube-apiserver 1.37.2 (slow). A case the fake answers
-differently from the real server fails here, so the fake cannot drift again."""
+"""The table of ResourceSlice cases (slice_cases.py) against two servers: the real
+kube-apiserver 1.37.2 (slow), and the fake (fast, every run) on the cases it still
+answers: it no longer validates (a 422 is the real server's alone) nor rewrites
+quantities, but it decodes and drops gated fields, and must do so as the real server."""
 
 from __future__ import annotations
 
@@ -103,7 +104,17 @@ def fake_at() -> Iterator[Callable[[str], Target]]:
         yield at
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+# The fake's cases: all but the validation refusals (422) and the canonical quantities,
+# which only the real server makes.
+FAKE_CASES = [
+    c
+    for c in CASES
+    if not (isinstance(c.outcome, Rejected) and c.outcome.status == 422)
+    and not (isinstance(c.outcome, Accepted) and c.outcome.changed)
+]
+
+
+@pytest.mark.parametrize("case", FAKE_CASES, ids=[c.id for c in FAKE_CASES])
 def test_fake(case: Case, fake_at: Callable[[str], Target]) -> None:
     judge(case, run_case(case, fake_at))
 

@@ -23,8 +23,8 @@ from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.basicsettings import defaults
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.intel.vendor import IntelVendor
-from fakes import apiserver
 from fakes.apiserver.claim_status import validate_status_devices
+from tests.realapi import slice_refusals
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 AMD = "gpu.amd.com"
@@ -120,7 +120,7 @@ def test_shared_amd_slice_books_compute_units() -> None:
     }
     for obj in out:
         kubernetes_validate.validate(obj, "1.36.0", strict=True)
-        assert apiserver.validate_slice(obj, "v1") == []
+        assert slice_refusals(obj) == []
         validate_slice(obj)
     # Fewer units than shares: not divided (a share could not get one).
     small = desired_slices(NODE, UID, AMD, [gpu(cus=4)], sharing=settings.sharing)

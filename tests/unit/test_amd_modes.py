@@ -13,7 +13,8 @@ from dra_plugin.slices.build import desired_slices
 from dra_plugin.slices.rules import flat_device
 from dra_plugin.vendors.amd import modes
 from dra_plugin.vendors.amd.telemetry import AmdSysfsReader
-from fakes import amdmodes, apiserver
+from fakes import amdmodes
+from tests.realapi import slice_refusals
 
 GiB = 1 << 30
 
@@ -91,7 +92,7 @@ def test_an_8_gpu_mi300x_node_fits_three_slices_within_the_api_limits() -> None:
              for s in slices]  # fmt: skip
     assert shape == [(8, 0), (0, 64), (0, 56)]
     for s in slices:
-        assert apiserver.validate_slice(s, "v1") == []  # the fake server's rules too
+        assert slice_refusals(s) == []  # the real server's rules too
     devices = _published(slices)
     assert all(
         use["compatibilityGroups"] == [d["attributes"]["partitionMode"]["string"]]  # type: ignore[index]

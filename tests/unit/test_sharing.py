@@ -16,7 +16,7 @@ from dra_plugin.slices.build import (
     desired_slices,
     validate_slice,
 )
-from fakes import apiserver
+from tests.realapi import shared_server, slice_refusals
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
@@ -47,7 +47,7 @@ def igpu() -> Any:
 def check(objs: list[dict[str, Any]]) -> None:
     for obj in objs:
         kubernetes_validate.validate(obj, K8S_SCHEMA, strict=True)
-        assert apiserver.validate_slice(obj, "v1") == []
+        assert slice_refusals(obj) == []
         validate_slice(obj)
 
 
@@ -128,7 +128,7 @@ def test_bad_request_policies_are_refused_by_us_and_the_server(edit: Any, rule: 
     edit(bad["spec"]["devices"][0])
     with pytest.raises(SliceValidationError, match=rule):
         validate_slice(bad)
-    assert apiserver.validate_slice(bad, "v1") != []
+    assert slice_refusals(bad) != []
 
 
 def test_schema_is_strict_about_policy_fields() -> None:
@@ -150,9 +150,15 @@ def test_content_key_ignores_how_the_server_writes_policy_quantities() -> None:
 
 
 def test_gate_off_server_drops_the_sharing_fields() -> None:
+    """A real server with DRAConsumableCapacity off keeps the shares, drops the rest."""
     obj = desired_slices(NODE, UID, INTEL, [igpu()], sharing=Sharing(8))[0]
-    apiserver.drop_disabled_fields(obj, "v1", consumable_capacity=False)
-    dev = obj["spec"]["devices"][0]
+    server = shared_server(feature_gates="DRAConsumableCapacity=false")
+    body = {**obj, "metadata": {"generateName": "judged-"}}
+    resp = server.request(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices", body, params={"dryRun": "All"}
+    )
+    assert resp.status == 201, resp.body
+    dev = resp.body["spec"]["devices"][0]
     assert "allowMultipleAllocations" not in dev
     assert dev["capacity"] == {"shares": {"value": "8"}}  # half-shared: what we must not keep
 

@@ -22,7 +22,7 @@ from dra_plugin.slices import rules
 from dra_plugin.slices.build import desired_slices
 from dra_plugin.slices.rules import SliceValidationError, flat_device
 from dra_plugin.slices.sync import content_key, plan_sync
-from fakes import apiserver
+from tests.realapi import slice_refusals
 
 Obj = dict[str, Any]
 
@@ -83,7 +83,7 @@ def check_valid(slices: list[Obj], version: str = "v1") -> None:
         rules.validate_slice(obj)
         named = copy.deepcopy(obj)
         named["metadata"]["name"] = f"{NODE}-{DRIVER.replace('.', '-')}-{i}"
-        assert apiserver.validate_slice(named, version) == [], i
+        assert slice_refusals(named, version) == [], i
 
 
 def test_layout_counter_sets_first_then_devices_of_at_most_64() -> None:

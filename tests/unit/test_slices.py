@@ -25,7 +25,7 @@ from dra_plugin.slices.build import (
     strip_taints,
     validate_slice,
 )
-from fakes import apiserver
+from tests.realapi import slice_refusals
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 NV, INTEL = "gpu.nvidia.com", "gpu.intel.com"
@@ -61,7 +61,7 @@ def devices_of(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def check_schemas(slices: list[dict[str, Any]], version: str = "v1") -> None:
     for obj in slices:
         kubernetes_validate.validate(obj, K8S_SCHEMA, strict=True)
-        assert apiserver.validate_slice(obj, version) == []
+        assert slice_refusals(obj, version) == []
 
 
 def test_shape_v1() -> None:
@@ -259,8 +259,8 @@ def test_validate_slice_rules(mutate: Any, rule: str) -> None:
     with pytest.raises(SliceValidationError, match=rule) as info:
         validate_slice(obj)
     assert "gpu-0" in str(info.value)
-    # The fake API server refuses the same object.
-    assert apiserver.validate_slice(obj, "v1") != []
+    # The real API server refuses the same object.
+    assert slice_refusals(obj) != []
 
 
 def test_validate_slice_device_limits() -> None:
@@ -272,7 +272,7 @@ def test_validate_slice_device_limits() -> None:
     obj["spec"]["devices"][0]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
     with pytest.raises(SliceValidationError, match=r"65 devices.*64 when a device has taints"):
         validate_slice(obj)
-    assert any("Too many" in m for _, m in apiserver.validate_slice(obj, "v1"))
+    assert any("Too many" in m for m in slice_refusals(obj))
 
 
 def test_validate_slice_requires_node_name() -> None:
@@ -280,7 +280,7 @@ def test_validate_slice_requires_node_name() -> None:
     del obj["spec"]["nodeName"]
     with pytest.raises(SliceValidationError, match="nodeName"):
         validate_slice(obj)
-    assert apiserver.validate_slice(obj, "v1") != []
+    assert slice_refusals(obj) != []
 
 
 # --- sync planning -------------------------------------------------------------------------
