@@ -25,8 +25,8 @@ class PartitionKernel:
         self.node = node
         self.latency = latency
         self.poll = poll
-        self.switched: list[tuple[str, str]] = []  # (PCI address, mode), in order
-        # A switch and its entry in `switched` are one step to a reader of `mode()`.
+        self._switched: list[tuple[str, str]] = []
+        # A switch and its entry in `switched` are one step to a reader of either.
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="amdgpu-partition", daemon=True)
@@ -40,6 +40,13 @@ class PartitionKernel:
     ) -> None:
         self._stop.set()
         self._thread.join(10)
+
+    @property
+    def switched(self) -> list[tuple[str, str]]:
+        """(PCI address, mode) of every switch so far, in order; one being made (its
+        partitions already there for the plugin to see) is waited for."""
+        with self._lock:
+            return list(self._switched)
 
     def mode(self, pci_address: str) -> str:
         with self._lock:
@@ -71,4 +78,4 @@ class PartitionKernel:
                     return
                 with self._lock:
                     self.node.switch_compute_partition(card.pci_address, mode)
-                    self.switched.append((card.pci_address, mode))
+                    self._switched.append((card.pci_address, mode))

@@ -182,20 +182,24 @@ class RealNodeServer:
         self.claims.clear()
 
 
-@pytest.fixture(scope="session")
-def real_servers(judge_servers: ServerFactory) -> Callable[[], RealNodeServer]:
-    """A factory of RealNodeServers on the default shared server, for fixtures wider than
-    one test (a module's Cluster): the Cluster's close() cleans up after it."""
+NodeServers = Callable[..., RealNodeServer]
 
-    def make() -> RealNodeServer:
-        server = judge_servers()
+
+@pytest.fixture(scope="session")
+def real_servers(judge_servers: ServerFactory) -> NodeServers:
+    """A factory of RealNodeServers on a shared server (the default one, or the one of
+    these settings: emulated_version, feature_gates, runtime_config), for fixtures wider
+    than one test or a server with a gate flipped; the Cluster's close() cleans up."""
+
+    def make(**settings: str) -> RealNodeServer:
+        server = judge_servers(**settings)
         return RealNodeServer(server, chart_on(server, values=EVERY_VENDOR, release="all"))
 
     return make
 
 
 @pytest.fixture
-def real_server(real_servers: Callable[[], RealNodeServer]) -> Iterator[RealNodeServer]:
+def real_server(real_servers: NodeServers) -> Iterator[RealNodeServer]:
     """The test's node on the shared real API server; pass it as Cluster(server=...)."""
     node = real_servers()
     yield node

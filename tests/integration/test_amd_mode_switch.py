@@ -22,6 +22,7 @@ from fakes.amdswitch import PartitionKernel
 from fakes.cluster import Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim, Plugin
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import NodeServers, RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -29,12 +30,23 @@ pytestmark = pytest.mark.skipif(
 AMD = "gpu.amd.com"
 GPU0 = CARDS["mi300x-cpx-0"]
 BASE = GPU0.name  # 0000-05-00-0-0x74a1
+PROFILE = ["mi300x-cpx-0", "mi300x-cpx-1"]
+COMPATIBILITY_GROUPS = "DRADeviceCompatibilityGroups=true"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path, profile=["mi300x-cpx-0", "mi300x-cpx-1"], nvml_profile=None)
-    c.api.compatibility_groups = True  # DRADeviceCompatibilityGroups (alpha in 1.37)
+def cluster(tmp_path: Path, real_servers: NodeServers) -> Iterator[Cluster]:
+    # DRADeviceCompatibilityGroups: alpha in 1.37, on here as an operator turns it on.
+    server = real_servers(feature_gates=COMPATIBILITY_GROUPS)
+    c = Cluster(tmp_path, profile=PROFILE, nvml_profile=None, server=server)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def gate_off(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    """The 1.37 default: DRADeviceCompatibilityGroups off, the field dropped."""
+    c = Cluster(tmp_path, profile=PROFILE, nvml_profile=None, server=real_server)
     yield c
     c.close()
 
@@ -61,7 +73,7 @@ def start(cluster: Cluster, module: str = "dra_plugin", **more: str) -> tuple[Da
 
 def claim(cluster: Cluster, name: str, device: str) -> Claim:
     result = {"request": "gpu", "driver": AMD, "pool": cluster.node, "device": device}
-    obj = cluster.api.add_claim(allocated_claim(name, [result], uid=str(uuid.uuid4())))
+    obj = cluster.server.add_claim(allocated_claim(name, [result], uid=str(uuid.uuid4())))
     return Claim("default", obj["metadata"]["uid"], name)
 
 
@@ -129,8 +141,8 @@ def test_kill_9_at_each_step_of_a_switch_is_settled_by_the_restart(
     assert daemon.terminate() == 0
 
 
-def test_without_the_gate_each_gpu_is_published_in_its_current_mode(cluster: Cluster) -> None:
-    cluster.api.compatibility_groups = False  # the 1.37 default: the field is dropped
+def test_without_the_gate_each_gpu_is_published_in_its_current_mode(gate_off: Cluster) -> None:
+    cluster = gate_off
     env = {"VENDORS": "amd", "HOST_ROOT": str(cluster.tmp / "host"), "AMD_PARTITION_MODES": "true"}
     daemon = cluster.start_daemon(env=env)
     daemon.wait_ready([AMD])

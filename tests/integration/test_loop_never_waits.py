@@ -9,6 +9,7 @@ by itself: a few ms on a quiet machine, over 100 ms on one running Go builds). T
 round before ran a lone prepare's pass on the loop; under this stall /healthz and the
 other driver froze for 1.07-1.13 s.
 """
+
 from __future__ import annotations
 
 import threading
