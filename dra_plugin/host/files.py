@@ -153,6 +153,23 @@ def move_aside(paths: Sequence[Path], now: float) -> list[Path]:
     return out
 
 
+MIGRATED = ".migrated"  # the name an older version's file is kept under once migrated
+
+
+def retire(path: Path, what: str, kept: str) -> None:
+    """Rename a file an older version kept (`what`: a time-slice book, ...) to
+    `<name>.migrated` once the record holds what it said (`kept` says how). A failure is
+    logged and the next start reads the file again, finding the record holding it."""
+    try:
+        os.replace(path, path.with_name(path.name + MIGRATED))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.error("cannot retire %s %s: %s", what, path, exc)
+        return
+    log.info("%s %s retired: %s; kept as %s", what, path, kept, path.name + MIGRATED)
+
+
 # Modes of the directories the plugin creates, whatever the umask it runs under.
 PRIVATE_DIR_MODE = 0o750  # plugin and state dirs: sockets, checkpoint (root and group)
 SHARED_DIR_MODE = 0o755  # read by the container runtime: the CDI root, device metadata

@@ -181,9 +181,10 @@ def test_a_claim_without_configs_runs_nothing_and_renders_its_spec_once(
     assert vendor_entries(tmp_path, ref(sliced).uid)["gpu-3"] is not None
 
 
-def test_shares_of_one_gpu_keep_the_held_claims_interval(
+def two_shares_prepared(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[SmiStandIn, SliceNode, dict[str, Any], dict[str, Any]]:
+    """Two shares of gpu-0 prepared: interval 3 (gpu-test6), then 1 (gpu-timeslicing)."""
     _, smi, api, make = node_for(tmp_path, monkeypatch)
     node = make(shared=True)
     start(node)
@@ -196,6 +197,13 @@ def test_shares_of_one_gpu_keep_the_held_claims_interval(
     for obj in (long, short):
         api.add(obj)
         assert prepare(node, obj) == ""
+    return smi, node, long, short
+
+
+def test_shares_of_one_gpu_keep_the_held_claims_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    smi, node, long, short = two_shares_prepared(tmp_path, monkeypatch)
     assert smi.gpu(GPU0)["timeslice"] == 1  # the last asked
     assert not any("-c" in c for c in smi.calls())  # a share never changes the compute mode
     assert unprepare(node, short) == ""
@@ -211,18 +219,7 @@ def test_every_share_of_a_gpu_unprepared_in_one_call_sets_it_back_to_default(
     """One kubelet call unpreparing both shares: each release sees the other claim as
     going too (it is `unpreparing` in the record), so the GPU is reset, not left at the
     interval of the claim released first."""
-    _, smi, api, make = node_for(tmp_path, monkeypatch)
-    node = make(shared=True)
-    start(node)
-    long = allocated(
-        1, manifest_spec("gpu-test6.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(1)}
-    )
-    short = allocated(
-        2, manifest_spec("gpu-timeslicing.yaml"), {"gpu": "gpu-0"}, share_ids={"gpu": share_id(2)}
-    )
-    for obj in (long, short):
-        api.add(obj)
-        assert prepare(node, obj) == ""
+    smi, node, long, short = two_shares_prepared(tmp_path, monkeypatch)
     answers = asyncio.run(node.preparer.unprepare([ref(short), ref(long)]))
     assert {uid: a.error for uid, a in answers.items()} == {ref(short).uid: "", ref(long).uid: ""}
     assert smi.gpu(GPU0)["timeslice"] == 0

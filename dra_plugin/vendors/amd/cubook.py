@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from dra_plugin.vendors.claimcontext import (
 log = logging.getLogger(__name__)
 
 BOOK = "amd-cu-book.json"  # earlier versions' book: read once, then retired
-RETIRED = BOOK + ".migrated"
+RETIRED = BOOK + files.MIGRATED
 BOOK_VERSION = 1
 ENTRY_VERSION = 1  # the "v" of the AMD vendor entry
 
@@ -115,16 +114,7 @@ def _unusable(path: Path, driver: str, why: str) -> Book:
 
 
 def retire(state_dir: Path) -> None:
-    """Rename the old book aside once its ranges are in the record; a failure is said, and
-    the next start reads it again (the record then already holds its ranges)."""
-    try:
-        os.replace(state_dir / BOOK, state_dir / RETIRED)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        log.error("cannot retire compute-unit book %s: %s", state_dir / BOOK, exc)
-        return
-    log.info("compute-unit book %s retired: its ranges are in the record", state_dir / BOOK)
+    files.retire(state_dir / BOOK, "compute-unit book", "its ranges are in the record")
 
 
 class CuBook:

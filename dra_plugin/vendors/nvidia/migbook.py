@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -26,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dra_plugin.host import files
 from dra_plugin.host.files import move_aside, read_regular
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
 BOOK = "mig-instances.json"
-RETIRED = BOOK + ".migrated"  # where the book goes once its entries are in the record
+RETIRED = BOOK + files.MIGRATED  # where the book goes once its entries are in the record
 _VERSION = 1
 _UUID = re.compile(r"^GPU-[0-9a-fA-F-]{1,64}\Z", re.ASCII)
 
@@ -108,16 +108,4 @@ def read_book(state_dir: Path, boot_id: str, driver: str) -> list[BookEntry]:
 
 
 def retire(state_dir: Path) -> None:
-    """Rename the book aside once nothing in it is needed any more (its held entries are
-    in the record, its orphans destroyed); a failure is said, and the next start reads it
-    again, which finds the record already holding them."""
-    path = state_dir / BOOK
-    try:
-        os.replace(path, state_dir / RETIRED)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        log.error("cannot retire MIG instance book %s: %s", path, exc)
-        return
-    log.info("MIG instance book %s retired: its instances are in the record; kept as %s",
-             path, RETIRED)  # fmt: skip
+    files.retire(state_dir / BOOK, "MIG instance book", "its instances are in the record")

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from dra_plugin.host import files
 from dra_plugin.host.files import move_aside, read_regular
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
 
 BOOK = "timeslice.json"
-RETIRED = BOOK + ".migrated"
+RETIRED = BOOK + files.MIGRATED
 _VERSION = 1
 
 OldBook = dict[str, list[tuple[str, int]]]  # GPU UUID -> [(claim uid, interval)], in order
@@ -65,14 +65,4 @@ def read_book(state_dir: Path, driver: str) -> OldBook:
 
 
 def retire(state_dir: Path) -> None:
-    """Rename the book aside once the record holds what it said; a failure is said, and
-    the next start reads it again (which finds the record already holding it)."""
-    path = state_dir / BOOK
-    try:
-        os.replace(path, state_dir / RETIRED)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        log.error("cannot retire time-slice book %s: %s", path, exc)
-        return
-    log.info("time-slice book %s retired: the claims' record holds it; kept as %s", path, RETIRED)
+    files.retire(state_dir / BOOK, "time-slice book", "the claims' record holds it")
