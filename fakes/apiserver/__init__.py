@@ -7,8 +7,9 @@ under the rules in claim_status.py), Nodes (get/create), SelfSubjectAccessReview
 the Pods and DeviceClasses the judges need (objects.py). It does not validate: the real
 kube-apiserver judges what the plugin writes (tests/realapi.py, shared across the test
 run); this server is for the faults and counts a real one cannot be made to show.
-ResourceSlice writes drop unknown and gated fields (slice_fields.py) and are stored as
-sent (the real server's canonical quantities are its own: tests/judges/slice_cases.py).
+ResourceSlice writes are stored as sent: unknown fields, fields behind feature gates and
+canonical quantities are the real server's (tests/judges/slice_cases.py); a test that
+needs a server that drops fields and the fake's counts sets `rewrite_slice`.
 
 The rooms: server.py (state, lifecycle, test controls), slices.py and claims.py (the
 writes), handler.py (HTTP and routes), discovery.py, watch.py, convert.py (v1beta1 <-> v1,
@@ -26,11 +27,5 @@ As a subprocess:
 from __future__ import annotations
 
 from fakes.apiserver.server import ALL_VERSIONS, FakeAPIServer
-from fakes.apiserver.slice_fields import drop_disabled_fields, partitionable_in_use
 
-__all__ = [
-    "ALL_VERSIONS",
-    "FakeAPIServer",
-    "drop_disabled_fields",
-    "partitionable_in_use",
-]
+__all__ = ["ALL_VERSIONS", "FakeAPIServer"]

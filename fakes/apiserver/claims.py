@@ -30,7 +30,6 @@ class ClaimStore:
     claims: dict[tuple[str, str], Obj]
     raw_claims: dict[tuple[str, str], bytes]
     claim_owners: dict[tuple[str, str], dict[claim_status.Key, set[str]]]
-    consumable_capacity: bool
     _next_rv: Callable[[], str]
 
     def set_claim_body(self, namespace: str, name: str, data: bytes) -> None:
@@ -46,11 +45,6 @@ class ClaimStore:
         meta.setdefault("uid", str(uuid.uuid4()))
         claim.setdefault("apiVersion", f"{GROUP}/v1")
         claim.setdefault("kind", "ResourceClaim")
-        if not self.consumable_capacity:
-            alloc = (claim.get("status") or {}).get("allocation") or {}
-            for r in (alloc.get("devices") or {}).get("results") or []:
-                r.pop("shareID", None)
-                r.pop("consumedCapacity", None)
         with self.lock:
             meta["resourceVersion"] = self._next_rv()
             self.claims[(meta["namespace"], meta["name"])] = claim

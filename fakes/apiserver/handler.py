@@ -9,7 +9,6 @@ import copy
 import json
 import re
 import time
-from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -77,13 +76,9 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("PATCH")
 
     # --- plumbing -------------------------------------------------------------------------
-    def _send(
-        self, code: int, body: Obj, retry_after: float | None = None, warnings: Iterable[str] = ()
-    ) -> None:
+    def _send(self, code: int, body: Obj, retry_after: float | None = None) -> None:
         data = body.data if isinstance(body, RawBody) else json.dumps(body).encode()
         self.send_response(code)
-        for text in warnings:  # RFC 7234, as the API server writes them
-            self.send_header("Warning", "299 - " + json.dumps(text))
         if retry_after is not None:
             self.send_header("Retry-After", f"{retry_after:g}")
         self.send_header("Content-Type", "application/json")
@@ -142,10 +137,9 @@ class Handler(BaseHTTPRequestHandler):
             hook = st.before_write
             if hook is not None and method in ("POST", "PUT", "DELETE", "PATCH"):
                 hook(method, path)
-            self.warnings: list[str] = []
             code, result = self._route(method, path, query, body)
             if code:
-                self._send(code, result, warnings=self.warnings)
+                self._send(code, result)
         except HTTPError as err:
             self._send(err.code, err.body, err.retry_after)
         except (BrokenPipeError, ConnectionResetError):
@@ -222,8 +216,6 @@ class Handler(BaseHTTPRequestHandler):
                 version,
                 body,
                 dry_run=bool(dry_run),
-                field_validation=query.get("fieldValidation"),
-                warnings=self.warnings,
             )
         if name is None:
             raise HTTPError(405, "MethodNotAllowed", f"{method} on the collection")
@@ -235,13 +227,7 @@ class Handler(BaseHTTPRequestHandler):
                 return 200, slice_from_v1(st.slices[name], version)
         if method == "PUT":
             self._count("update", res)
-            return 200, st.update_slice(
-                version,
-                name,
-                body,
-                field_validation=query.get("fieldValidation"),
-                warnings=self.warnings,
-            )
+            return 200, st.update_slice(version, name, body)
         if method == "DELETE":
             self._count("delete", res)
             with st.lock:
