@@ -9,11 +9,13 @@ kube-apiserver judges what the plugin writes (tests/realapi.py, shared across th
 run); this server is for the faults and counts a real one cannot be made to show.
 ResourceSlice writes are stored as sent: unknown fields, fields behind feature gates and
 canonical quantities are the real server's (tests/judges/slice_cases.py); a test that
-needs a server that drops fields and the fake's counts sets `rewrite_slice`.
+needs a server that drops fields and the fake's counts sets `rewrite_slice`. Objects are
+read back in the shape they were written in: converting between versions is the real
+server's too (tests/realapi.py serves the beta versions with runtime_config).
 
 The rooms: server.py (state, lifecycle, test controls), slices.py and claims.py (the
-writes), handler.py (HTTP and routes), discovery.py, watch.py, convert.py (v1beta1 <-> v1,
-selectors), errors.py (Status answers).
+writes), handler.py (HTTP and routes), discovery.py, watch.py, selectors.py (what a read
+answers; label and field selectors), errors.py (Status answers).
 
 In-process:
     with FakeAPIServer(versions=("v1",)) as srv:

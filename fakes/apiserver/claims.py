@@ -38,7 +38,8 @@ class ClaimStore:
             self.raw_claims[(namespace, name)] = data
 
     def add_claim(self, claim: Obj) -> Obj:
-        """Seed a ResourceClaim given in the v1 shape (uid/resourceVersion filled in)."""
+        """Seed a ResourceClaim, stored as given, in the shape of the version tests read it
+        in (uid/resourceVersion filled in; apiVersion v1 unless it says)."""
         claim = copy.deepcopy(claim)
         meta = claim.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
@@ -51,7 +52,7 @@ class ClaimStore:
         return copy.deepcopy(claim)
 
     def get_stored_claim(self, namespace: str, name: str) -> Obj:
-        """A stored claim (v1 shape), for assertions."""
+        """A stored claim (as written), for assertions."""
         with self.lock:
             return copy.deepcopy(self.claims[(namespace, name)])
 

@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fakes.apiserver.convert import now, slice_from_v1, slice_to_v1
 from fakes.apiserver.errors import GROUP, HTTPError, not_found, slice_details
+from fakes.apiserver.selectors import now, served
 
 Obj = dict[str, Any]
 
@@ -24,17 +24,17 @@ class SliceStore:
     lock: threading.Condition
     rv: int
     slices: dict[str, Obj]
-    events: list[tuple[int, str, Obj]]  # (rv, type, v1 object)
+    events: list[tuple[int, str, Obj]]  # (rv, type, object as stored)
     history: int
     oldest_rv: int
     _next_rv: Callable[[], str]
-    # A test's fault: called with the v1 slice being written and the stored one (None on
+    # A test's fault: called with the slice being written (as sent) and the stored one (None on
     # create), it edits the first in place before it is stored (a server that drops
     # fields, as one with a feature gate off does); dry runs too.
     rewrite_slice: Callable[[Obj, Obj | None], None] | None
 
     def list_stored_slices(self) -> list[Obj]:
-        """Stored slices (v1 shape), for assertions."""
+        """Stored slices (as written, in the version they were written in), for assertions."""
         with self.lock:
             return [copy.deepcopy(s) for s in self.slices.values()]
 
@@ -105,8 +105,8 @@ class SliceStore:
             alphabet = "bcdfghjklmnpqrstvwxz2456789"
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
-        obj = slice_to_v1(body, version)
-        obj["apiVersion"] = f"{GROUP}/v1"
+        obj = copy.deepcopy(body)
+        obj["apiVersion"] = f"{GROUP}/{version}"
         obj["kind"] = "ResourceSlice"
         if self.rewrite_slice is not None:
             self.rewrite_slice(obj, None)
@@ -124,7 +124,7 @@ class SliceStore:
             if dry_run:
                 # dryRun=All: admitted, defaulted and stripped like a create, never stored.
                 m.update(uid=str(uuid.uuid4()), creationTimestamp=stamp, generation=1)
-                return slice_from_v1(obj, version)
+                return served(obj, version)
             m.update(
                 uid=str(uuid.uuid4()),
                 resourceVersion=self._next_rv(),
@@ -133,7 +133,7 @@ class SliceStore:
             )
             self.slices[name] = obj
             self._event("ADDED", obj)
-            return slice_from_v1(obj, version)
+            return served(obj, version)
 
     def update_slice(
         self,
@@ -149,8 +149,8 @@ class SliceStore:
                 "the name of the object "
                 f"({meta.get('name')}) does not match the name on the URL ({name})",
             )
-        obj = slice_to_v1(body, version)
-        obj["apiVersion"] = f"{GROUP}/v1"
+        obj = copy.deepcopy(body)
+        obj["apiVersion"] = f"{GROUP}/{version}"
         obj["kind"] = "ResourceSlice"
         if self.rewrite_slice is not None:
             with self.lock:
@@ -196,11 +196,11 @@ class SliceStore:
             m["resourceVersion"] = self._next_rv()
             self.slices[name] = obj
             self._event("MODIFIED", obj)
-            return slice_from_v1(obj, version)
+            return served(obj, version)
 
 
 def _stamp_taints(obj: Obj, now: str) -> None:
     # The server fills in taint.timeAdded when a client leaves it out.
     for dev in obj.get("spec", {}).get("devices") or []:
-        for taint in dev.get("taints") or []:
+        for taint in dev.get("basic", dev).get("taints") or []:  # v1beta1: under basic
             taint.setdefault("timeAdded", now)

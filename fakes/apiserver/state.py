@@ -16,7 +16,7 @@ from typing import Any
 
 from fakes.apiserver import claim_status
 from fakes.apiserver.claims import ClaimStore
-from fakes.apiserver.convert import now
+from fakes.apiserver.selectors import now
 from fakes.apiserver.slices import SliceStore
 
 Obj = dict[str, Any]
@@ -64,7 +64,7 @@ class ServerState(SliceStore, ClaimStore):
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.nodes: dict[str, Obj] = {}
-        self.events: list[tuple[int, str, Obj]] = []  # (rv, type, v1 object)
+        self.events: list[tuple[int, str, Obj]] = []  # (rv, type, object as stored)
         self.history = history
         self.oldest_rv = 1  # watches from before this get 410 Expired
         self.requests: Counter[tuple[str, str]] = Counter()

@@ -79,6 +79,18 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+def as_served(claim: dict[str, Any], version: str) -> dict[str, Any]:
+    """`claim` (v1) as a server of `version` sends it: v1beta1 has a request's fields
+    flat, where v1 has them under `exactly`. The fake converts nothing (the real
+    server's conversion: tests/judges), so a test seeds the shape its version reads."""
+    out = json.loads(json.dumps(claim))
+    out["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        for request in out["spec"]["devices"]["requests"]:
+            request.update(request.pop("exactly"))
+    return out
+
+
 def api_for(srv: FakeAPIServer) -> KubeAPI:
     return KubeAPI.from_url(srv.url, timeouts=FAST)
 
@@ -146,7 +158,7 @@ def test_failed_discovery_says_why_and_is_retried() -> None:
 @pytest.mark.parametrize("served", ["v1", "v1beta1"])
 def test_get_claim(server: FakeAPIServer, served: str) -> None:
     server.versions = (served,)
-    server.add_claim(CLAIM)
+    server.add_claim(as_served(CLAIM, served))
 
     async def go() -> dict[str, Any]:
         api = api_for(server)
@@ -396,7 +408,7 @@ def test_apply_claim_device_status_keeps_other_drivers_entries(
     server: FakeAPIServer, served: str
 ) -> None:
     server.versions = (served,)
-    stored = server.add_claim(_two_driver_claim())
+    stored = server.add_claim(as_served(_two_driver_claim(), served))
     uid = stored["metadata"]["uid"]
 
     async def go() -> None:
