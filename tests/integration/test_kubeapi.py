@@ -26,11 +26,13 @@ from dra_plugin.kubeapi import (
     UnavailableError,
     WatchEvent,
 )
+from dra_plugin.kubeapi.discovery import claim_to_v1
 from dra_plugin.slices.build import desired_slices
 from fakes.apiserver import FakeAPIServer
-from fakes.judges.apiserver import ApiServer
+from fakes.judges.apiserver import ApiServer, ServerFactory
 from fakes.waits import async_wait_for, wait_for
 from tests.judges.chart_identity import write_kubeconfig
+from tests.realapi import BETA_SERVED
 
 FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02)
 REPO = Path(__file__).resolve().parents[2]
@@ -175,6 +177,34 @@ def test_get_claim(server: FakeAPIServer, served: str) -> None:
 
 
 NV = "gpu.nvidia.com"
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+def test_a_beta_claim_reads_as_the_real_servers_v1(
+    version: str, judge_servers: ServerFactory
+) -> None:
+    """The plugin's own conversion (claim_to_v1) of a claim the real server sends in a
+    beta version gives what that server sends in v1 (the fake converts nothing)."""
+    server = judge_servers(runtime_config=BETA_SERVED)
+    base = "/apis/resource.k8s.io/{}/namespaces/default/resourceclaims"
+    body = {k: v for k, v in CLAIM.items() if k != "status"}
+    name = f"converted-{version}"
+    body = {**body, "metadata": {"name": name, "namespace": "default"}}
+    server.delete(f"{base.format('v1')}/{name}")
+    created = server.ok(
+        "POST",
+        base.format("v1"),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **body},
+    )
+    try:
+        status = {**created, "status": CLAIM["status"]}
+        v1 = server.ok("PUT", f"{base.format('v1')}/{name}/status", status)
+        beta = server.get(f"{base.format(version)}/{name}")
+        assert beta["apiVersion"] == f"resource.k8s.io/{version}"
+        got = claim_to_v1(beta, version)
+        assert got["spec"] == v1["spec"] and got["status"] == v1["status"]
+    finally:
+        server.delete(f"{base.format('v1')}/{name}")
 
 
 def test_an_invalid_slice_is_an_invalid_error_naming_the_field(
