@@ -1,12 +1,13 @@
-"""A small, strict fake Kubernetes API server for resource.k8s.io (stdlib only).
+"""A small fake Kubernetes API server for resource.k8s.io (stdlib only).
 
 Serves discovery, ResourceSlices (create with generateName, get, list/watch with label
 and field selectors, update with resourceVersion conflicts, delete), ResourceClaims
-(namespaced get/create/update, and the status subresource: update and server-side apply,
-under the rules in claim_status.py), Nodes (get/create), SelfSubjectAccessReviews, and
-the Pods and DeviceClasses the judges need (objects.py). It does not validate: the real
-kube-apiserver judges what the plugin writes (tests/realapi.py, shared across the test
-run); this server is for the faults and counts a real one cannot be made to show.
+(namespaced get/create/update, and the status subresource: update and server-side
+apply, the drivers' entries merged as claim_status.py says), Nodes (get/create),
+SelfSubjectAccessReviews, and the Pods and DeviceClasses the judges need (objects.py).
+It does not validate: the real kube-apiserver judges what the plugin writes
+(tests/realapi.py, shared across the test run); this server is for the faults and
+counts a real one cannot be made to show.
 ResourceSlice writes are stored as sent: unknown fields, fields behind feature gates and
 canonical quantities are the real server's (tests/judges/slice_cases.py); a test that
 needs a server that drops fields and the fake's counts sets `rewrite_slice`. Objects are
