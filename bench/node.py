@@ -51,7 +51,7 @@ class BenchNode:
         def create_slice(
             version: str, body: dict[str, Any], *, dry_run: bool = False, **kwargs: Any
         ) -> dict[str, Any]:
-            # kwargs: fieldValidation and the Warning texts, passed through.
+            # kwargs: whatever else the handler passes, passed through.
             result = original(version, body, dry_run=dry_run, **kwargs)  # raises if rejected
             if not dry_run:  # a dry-run create (the sharing probe) stores nothing
                 with self._lock:

@@ -182,7 +182,6 @@ class Cluster:
         nvml_profile: str | None = "datacenter",
         node: str = "node-a",
         api_versions: Sequence[str] = ("v1",),
-        consumable_capacity: bool = True,
         registration_wait: float | None = 0.0,
         server: NodeServer | None = None,
     ) -> None:
@@ -198,9 +197,7 @@ class Cluster:
         # server, which a test reaches through `server` and its own admin client.
         self.api: FakeAPIServer | None = None
         if server is None:
-            self.api = FakeAPIServer(
-                versions=api_versions, consumable_capacity=consumable_capacity
-            ).start()
+            self.api = FakeAPIServer(versions=api_versions).start()
             server = FakeNodeServer(self.api)
         self.server = server
         self.kubeconfig = server.connect(node, tmp)

@@ -1,18 +1,22 @@
-"""A small, strict fake Kubernetes API server for resource.k8s.io (stdlib only).
+"""A small fake Kubernetes API server for resource.k8s.io (stdlib only).
 
 Serves discovery, ResourceSlices (create with generateName, get, list/watch with label
 and field selectors, update with resourceVersion conflicts, delete), ResourceClaims
-(namespaced get/create/update, and the status subresource: update and server-side apply,
-under the rules in claim_status.py), Nodes (get/create), SelfSubjectAccessReviews, and
-the Pods and DeviceClasses the judges need (objects.py). It does not validate: the real
-kube-apiserver judges what the plugin writes (tests/realapi.py, shared across the test
-run); this server is for the faults and counts a real one cannot be made to show.
-ResourceSlice writes drop unknown and gated fields (slice_fields.py) and are stored as
-sent (the real server's canonical quantities are its own: tests/judges/slice_cases.py).
+(namespaced get/create/update, and the status subresource: update and server-side
+apply, the drivers' entries merged as claim_status.py says), Nodes (get/create),
+SelfSubjectAccessReviews, and the Pods and DeviceClasses the judges need (objects.py).
+It does not validate: the real kube-apiserver judges what the plugin writes
+(tests/realapi.py, shared across the test run); this server is for the faults and
+counts a real one cannot be made to show.
+ResourceSlice writes are stored as sent: unknown fields, fields behind feature gates and
+canonical quantities are the real server's (tests/judges/slice_cases.py); a test that
+needs a server that drops fields and the fake's counts sets `rewrite_slice`. Objects are
+read back in the shape they were written in: converting between versions is the real
+server's too (tests/realapi.py serves the beta versions with runtime_config).
 
 The rooms: server.py (state, lifecycle, test controls), slices.py and claims.py (the
-writes), handler.py (HTTP and routes), discovery.py, watch.py, convert.py (v1beta1 <-> v1,
-selectors), errors.py (Status answers).
+writes), handler.py (HTTP and routes), discovery.py, watch.py, selectors.py (what a read
+answers; label and field selectors), errors.py (Status answers).
 
 In-process:
     with FakeAPIServer(versions=("v1",)) as srv:
@@ -26,11 +30,5 @@ As a subprocess:
 from __future__ import annotations
 
 from fakes.apiserver.server import ALL_VERSIONS, FakeAPIServer
-from fakes.apiserver.slice_fields import drop_disabled_fields, partitionable_in_use
 
-__all__ = [
-    "ALL_VERSIONS",
-    "FakeAPIServer",
-    "drop_disabled_fields",
-    "partitionable_in_use",
-]
+__all__ = ["ALL_VERSIONS", "FakeAPIServer"]

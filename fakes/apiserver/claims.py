@@ -1,6 +1,7 @@
 """ResourceClaims in the fake API server: seeded claims, the claim's own writes (metadata
-only) and its status subresource (update and server-side apply) under the rules of
-claim_status.py."""
+only) and its status subresource (update, and server-side apply merged by claim_status.py).
+What a status may hold is the real server's to judge (test_kubeapi.py's
+test_the_status_subresource_rules_of_the_real_server): the fake stores what it is sent."""
 
 from __future__ import annotations
 
@@ -11,14 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fakes.apiserver import claim_status
-from fakes.apiserver.errors import (
-    GROUP,
-    HTTPError,
-    check_name,
-    claim_invalid,
-    not_found,
-    refuse_unknown,
-)
+from fakes.apiserver.errors import GROUP, HTTPError, check_name, not_found
 
 Obj = dict[str, Any]
 
@@ -30,7 +24,6 @@ class ClaimStore:
     claims: dict[tuple[str, str], Obj]
     raw_claims: dict[tuple[str, str], bytes]
     claim_owners: dict[tuple[str, str], dict[claim_status.Key, set[str]]]
-    consumable_capacity: bool
     _next_rv: Callable[[], str]
 
     def set_claim_body(self, namespace: str, name: str, data: bytes) -> None:
@@ -39,25 +32,21 @@ class ClaimStore:
             self.raw_claims[(namespace, name)] = data
 
     def add_claim(self, claim: Obj) -> Obj:
-        """Seed a ResourceClaim given in the v1 shape (uid/resourceVersion filled in)."""
+        """Seed a ResourceClaim, stored as given, in the shape of the version tests read it
+        in (uid/resourceVersion filled in; apiVersion v1 unless it says)."""
         claim = copy.deepcopy(claim)
         meta = claim.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
         meta.setdefault("uid", str(uuid.uuid4()))
         claim.setdefault("apiVersion", f"{GROUP}/v1")
         claim.setdefault("kind", "ResourceClaim")
-        if not self.consumable_capacity:
-            alloc = (claim.get("status") or {}).get("allocation") or {}
-            for r in (alloc.get("devices") or {}).get("results") or []:
-                r.pop("shareID", None)
-                r.pop("consumedCapacity", None)
         with self.lock:
             meta["resourceVersion"] = self._next_rv()
             self.claims[(meta["namespace"], meta["name"])] = claim
         return copy.deepcopy(claim)
 
     def get_stored_claim(self, namespace: str, name: str) -> Obj:
-        """A stored claim (v1 shape), for assertions."""
+        """A stored claim (as written), for assertions."""
         with self.lock:
             return copy.deepcopy(self.claims[(namespace, name)])
 
@@ -92,13 +81,12 @@ class ClaimStore:
         return copy.deepcopy(self.claims[(ns, name)])
 
     def update_claim(self, ns: str, name: str, body: Obj, query: dict[str, str]) -> Obj:
-        """PUT on the claim: metadata may change, the spec may not, status is ignored."""
+        """PUT on the claim: labels, annotations and finalizers are taken; the spec and
+        status are kept as stored."""
         meta = body.get("metadata") or {}
         check_name(meta, name)
         with self.lock:
             cur = self._current_claim(ns, name, meta)
-            if body.get("spec") != cur.get("spec"):
-                raise claim_invalid(name, [("spec", "Invalid value: field is immutable")])
             new = copy.deepcopy(cur)
             for field in ("labels", "annotations", "finalizers"):
                 if field in meta:
@@ -108,15 +96,14 @@ class ClaimStore:
             return self._store_claim(ns, name, cur, new)
 
     def update_claim_status(self, ns: str, name: str, body: Obj, query: dict[str, str]) -> Obj:
-        """PUT on /status: spec and metadata are kept, the status rules apply."""
+        """PUT on /status: spec and metadata are kept, the status is stored as sent."""
         meta = body.get("metadata") or {}
         check_name(meta, name)
         status = copy.deepcopy(body.get("status") or {})
-        refuse_unknown(name, claim_status.unknown_fields(status.get("devices")))
         with self.lock:
             cur = self._current_claim(ns, name, meta)
             new = copy.deepcopy(cur)
-            new["status"] = _status_strategy(name, cur.get("status") or {}, status)
+            new["status"] = status
             owners = copy.deepcopy(self.claim_owners.get((ns, name), {}))
             claim_status.update_owners(
                 owners, new["status"].get("devices") or [], query.get("fieldManager") or "unknown"
@@ -154,10 +141,7 @@ class ClaimStore:
                 400, "BadRequest", "the fake API server models apply of status.devices only"
             )
         applied = copy.deepcopy(status.get("devices") or [])
-        refuse_unknown(name, claim_status.unknown_fields(applied))
         keys = [claim_status.key_of(e) for e in applied]
-        if len(set(keys)) != len(keys):
-            raise claim_invalid(name, [("status.devices", "duplicate entries for key")])
         force = query.get("force") in ("true", "True", "1")
         with self.lock:
             cur = self._current_claim(ns, name, meta)
@@ -185,23 +169,7 @@ class ClaimStore:
             else:
                 status_after.pop("devices", None)
             new = copy.deepcopy(cur)
-            new["status"] = _status_strategy(name, old_status, status_after)
+            new["status"] = status_after
             stored = self._store_claim(ns, name, cur, new)
             self.claim_owners[(ns, name)] = owners
             return stored
-
-
-def _status_strategy(name: str, old: Obj, new: Obj) -> Obj:
-    """The status subresource's strategy and validation: the status that gets stored."""
-    if old.get("allocation") and new.get("allocation") != old["allocation"]:
-        raise claim_invalid(name, [("status.allocation", "Invalid value: field is immutable")])
-    # Entries of devices that are no longer allocated go (dropDeallocatedStatusDevices).
-    gone = claim_status.allocated_keys(old) - claim_status.allocated_keys(new)
-    if gone and new.get("devices"):
-        new["devices"] = [e for e in new["devices"] if claim_status.key_of(e) not in gone] or None
-        if new["devices"] is None:
-            del new["devices"]
-    errs = claim_status.validate_status_devices(new)
-    if errs:
-        raise claim_invalid(name, errs)
-    return new

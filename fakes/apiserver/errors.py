@@ -69,29 +69,6 @@ def check_name(meta: Obj, name: str) -> None:
         )
 
 
-def claim_invalid(name: str, errs: list[tuple[str, str]]) -> HTTPError:
-    message = f'ResourceClaim.{GROUP} "{name}" is invalid: ' + ", ".join(
-        f"{f}: {m}" for f, m in errs
-    )
-    details = {
-        "name": name,
-        "group": GROUP,
-        "kind": "ResourceClaim",
-        "causes": [{"reason": "FieldValueInvalid", "message": m, "field": f} for f, m in errs],
-    }
-    return HTTPError(422, "Invalid", message, details)
-
-
-def refuse_unknown(name: str, errs: list[tuple[str, str]]) -> None:
-    if errs:
-        raise HTTPError(
-            400,
-            "BadRequest",
-            f'strict decoding error: ResourceClaim.{GROUP} "{name}": '
-            + ", ".join(f"{f}: {m}" for f, m in errs),
-        )
-
-
 def not_found(name: str, resource: str = f"resourceslices.{GROUP}") -> HTTPError:
     res, _, group = resource.partition(".")
     return HTTPError(

@@ -9,20 +9,13 @@ import copy
 import json
 import re
 import time
-from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from fakes.apiserver import discovery, objects, watch
-from fakes.apiserver.convert import (
-    claim_from_v1,
-    claim_to_v1,
-    match_fields,
-    match_labels,
-    slice_from_v1,
-)
 from fakes.apiserver.errors import FAIL_REASONS, GROUP, HTTPError, RawBody, not_found
+from fakes.apiserver.selectors import match_fields, match_labels, served
 
 if TYPE_CHECKING:
     from fakes.apiserver.state import ServerState
@@ -77,13 +70,9 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("PATCH")
 
     # --- plumbing -------------------------------------------------------------------------
-    def _send(
-        self, code: int, body: Obj, retry_after: float | None = None, warnings: Iterable[str] = ()
-    ) -> None:
+    def _send(self, code: int, body: Obj, retry_after: float | None = None) -> None:
         data = body.data if isinstance(body, RawBody) else json.dumps(body).encode()
         self.send_response(code)
-        for text in warnings:  # RFC 7234, as the API server writes them
-            self.send_header("Warning", "299 - " + json.dumps(text))
         if retry_after is not None:
             self.send_header("Retry-After", f"{retry_after:g}")
         self.send_header("Content-Type", "application/json")
@@ -142,10 +131,9 @@ class Handler(BaseHTTPRequestHandler):
             hook = st.before_write
             if hook is not None and method in ("POST", "PUT", "DELETE", "PATCH"):
                 hook(method, path)
-            self.warnings: list[str] = []
             code, result = self._route(method, path, query, body)
             if code:
-                self._send(code, result, warnings=self.warnings)
+                self._send(code, result)
         except HTTPError as err:
             self._send(err.code, err.body, err.retry_after)
         except (BrokenPipeError, ConnectionResetError):
@@ -198,7 +186,7 @@ class Handler(BaseHTTPRequestHandler):
             self._count("list", res)
             with st.lock:
                 items = [
-                    slice_from_v1(s, version)
+                    served(s, version)
                     for s in st.slices.values()
                     if match_fields(s, query.get("fieldSelector", ""))
                     and match_labels(s, query.get("labelSelector", ""))
@@ -222,8 +210,6 @@ class Handler(BaseHTTPRequestHandler):
                 version,
                 body,
                 dry_run=bool(dry_run),
-                field_validation=query.get("fieldValidation"),
-                warnings=self.warnings,
             )
         if name is None:
             raise HTTPError(405, "MethodNotAllowed", f"{method} on the collection")
@@ -232,16 +218,10 @@ class Handler(BaseHTTPRequestHandler):
             with st.lock:
                 if name not in st.slices:
                     raise not_found(name)
-                return 200, slice_from_v1(st.slices[name], version)
+                return 200, served(st.slices[name], version)
         if method == "PUT":
             self._count("update", res)
-            return 200, st.update_slice(
-                version,
-                name,
-                body,
-                field_validation=query.get("fieldValidation"),
-                warnings=self.warnings,
-            )
+            return 200, st.update_slice(version, name, body)
         if method == "DELETE":
             self._count("delete", res)
             with st.lock:
@@ -257,7 +237,7 @@ class Handler(BaseHTTPRequestHandler):
                         f'resourceslices.{GROUP} "{name}": the ResourceVersion in '
                         "the precondition does not match",
                     )
-                return 200, slice_from_v1(st._delete(name), version)
+                return 200, served(st._delete(name), version)
         raise HTTPError(405, "MethodNotAllowed", f"{method} is not supported here")
 
     def _claims(
@@ -273,17 +253,15 @@ class Handler(BaseHTTPRequestHandler):
                 claim = st.claims.get((ns, name))
                 if claim is None:
                     raise not_found(name, f"resourceclaims.{GROUP}")
-                return 200, claim_from_v1(claim, version)
+                return 200, served(claim, version)
         if method == "POST" and name is None:
             self._count("create", "resourceclaims")
             body.setdefault("metadata", {})["namespace"] = ns
-            return 201, claim_from_v1(st.add_claim(claim_to_v1(body, version)), version)
+            return 201, served(st.add_claim(body), version)
         if method == "PUT" and name:
             self._count("update", "resourceclaims")
             self._check_allowed("update", "resourceclaims")
-            return 200, claim_from_v1(
-                st.update_claim(ns, name, claim_to_v1(body, version), query), version
-            )
+            return 200, served(st.update_claim(ns, name, body, query), version)
         raise HTTPError(405, "MethodNotAllowed", f"{method} on resourceclaims")
 
     def _claim_status(
@@ -308,12 +286,8 @@ class Handler(BaseHTTPRequestHandler):
                     "UnsupportedMediaType",
                     f"the fake API server takes only server-side apply on /status, not {ctype!r}",
                 )
-            return 200, claim_from_v1(
-                st.apply_claim_status(ns, name, version, body, query), version
-            )
-        return 200, claim_from_v1(
-            st.update_claim_status(ns, name, claim_to_v1(body, version), query), version
-        )
+            return 200, served(st.apply_claim_status(ns, name, version, body, query), version)
+        return 200, served(st.update_claim_status(ns, name, body, query), version)
 
     def _check_allowed(self, verb: str, resource: str) -> None:
         if (verb, resource) in self.server_state.forbidden:

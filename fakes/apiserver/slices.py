@@ -1,6 +1,7 @@
-"""ResourceSlices in the fake API server: the stored slices, their writes (decode, drop
-gated fields, store as sent) and the event history watches read. Whether a
-slice is valid is the real server's to say (tests/realapi.py): the fake stores it."""
+"""ResourceSlices in the fake API server: the stored slices, their writes (stored as
+sent, or as a test's `rewrite_slice` fault changes them) and the event history watches
+read. What a real server keeps, drops or refuses is the real server's to say
+(tests/realapi.py, tests/judges/slice_cases.py): the fake stores what it is sent."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from fakes.apiserver import slice_fields
-from fakes.apiserver.convert import now, slice_from_v1, slice_to_v1
 from fakes.apiserver.errors import GROUP, HTTPError, not_found, slice_details
+from fakes.apiserver.selectors import now, served
 
 Obj = dict[str, Any]
 
@@ -24,14 +24,17 @@ class SliceStore:
     lock: threading.Condition
     rv: int
     slices: dict[str, Obj]
-    events: list[tuple[int, str, Obj]]  # (rv, type, v1 object)
+    events: list[tuple[int, str, Obj]]  # (rv, type, object as stored)
     history: int
     oldest_rv: int
     _next_rv: Callable[[], str]
-    slice_gates: Callable[[], slice_fields.SliceGates]
+    # A test's fault: called with the slice being written (as sent) and the stored one (None on
+    # create), it edits the first in place before it is stored (a server that drops
+    # fields, as one with a feature gate off does); dry runs too.
+    rewrite_slice: Callable[[Obj, Obj | None], None] | None
 
     def list_stored_slices(self) -> list[Obj]:
-        """Stored slices (v1 shape), for assertions."""
+        """Stored slices (as written, in the version they were written in), for assertions."""
         with self.lock:
             return [copy.deepcopy(s) for s in self.slices.values()]
 
@@ -84,8 +87,6 @@ class SliceStore:
         body: Obj,
         *,
         dry_run: bool = False,
-        field_validation: str | None = None,
-        warnings: list[str] | None = None,
     ) -> Obj:
         if body.get("kind", "ResourceSlice") != "ResourceSlice":
             raise HTTPError(400, "BadRequest", f"kind {body.get('kind')!r} is not ResourceSlice")
@@ -104,10 +105,11 @@ class SliceStore:
             alphabet = "bcdfghjklmnpqrstvwxz2456789"
             name = prefix[:58] + "".join(random.choices(alphabet, k=5))
             meta["name"] = name
-        self._prepare(version, body, None, field_validation, warnings)
-        obj = slice_to_v1(body, version)
-        obj["apiVersion"] = f"{GROUP}/v1"
+        obj = copy.deepcopy(body)
+        obj["apiVersion"] = f"{GROUP}/{version}"
         obj["kind"] = "ResourceSlice"
+        if self.rewrite_slice is not None:
+            self.rewrite_slice(obj, None)
         stamp = now()
         _stamp_taints(obj, stamp)
         with self.lock:
@@ -122,7 +124,7 @@ class SliceStore:
             if dry_run:
                 # dryRun=All: admitted, defaulted and stripped like a create, never stored.
                 m.update(uid=str(uuid.uuid4()), creationTimestamp=stamp, generation=1)
-                return slice_from_v1(obj, version)
+                return served(obj, version)
             m.update(
                 uid=str(uuid.uuid4()),
                 resourceVersion=self._next_rv(),
@@ -131,16 +133,13 @@ class SliceStore:
             )
             self.slices[name] = obj
             self._event("ADDED", obj)
-            return slice_from_v1(obj, version)
+            return served(obj, version)
 
     def update_slice(
         self,
         version: str,
         name: str,
         body: Obj,
-        *,
-        field_validation: str | None = None,
-        warnings: list[str] | None = None,
     ) -> Obj:
         meta = body.get("metadata") or {}
         if meta.get("name") != name:
@@ -150,13 +149,13 @@ class SliceStore:
                 "the name of the object "
                 f"({meta.get('name')}) does not match the name on the URL ({name})",
             )
-        with self.lock:
-            stored = self.slices.get(name)
-            old = slice_from_v1(stored, version)["spec"] if stored else None
-        self._prepare(version, body, old, field_validation, warnings)
-        obj = slice_to_v1(body, version)
-        obj["apiVersion"] = f"{GROUP}/v1"
+        obj = copy.deepcopy(body)
+        obj["apiVersion"] = f"{GROUP}/{version}"
         obj["kind"] = "ResourceSlice"
+        if self.rewrite_slice is not None:
+            with self.lock:
+                stored = copy.deepcopy(self.slices.get(name))
+            self.rewrite_slice(obj, stored)
         with self.lock:
             cur = self.slices.get(name)
             if cur is None:
@@ -197,31 +196,11 @@ class SliceStore:
             m["resourceVersion"] = self._next_rv()
             self.slices[name] = obj
             self._event("MODIFIED", obj)
-            return slice_from_v1(obj, version)
-
-    def _prepare(
-        self,
-        version: str,
-        body: Obj,
-        old_spec: Obj | None,
-        field_validation: str | None,
-        warnings: list[str] | None,
-    ) -> None:
-        """Decode (unknown fields) and drop gated fields, as the server does before it
-        validates; the Warning texts go to `warnings`."""
-        try:
-            said = slice_fields.decode(body, version, field_validation)
-        except slice_fields.StrictDecodingError as exc:
-            raise HTTPError(400, "BadRequest", str(exc)) from None
-        if warnings is not None:
-            warnings.extend(said)
-        spec = body.get("spec")
-        if isinstance(spec, dict):
-            slice_fields.drop_gated(spec, old_spec, version, self.slice_gates())
+            return served(obj, version)
 
 
 def _stamp_taints(obj: Obj, now: str) -> None:
     # The server fills in taint.timeAdded when a client leaves it out.
     for dev in obj.get("spec", {}).get("devices") or []:
-        for taint in dev.get("taints") or []:
+        for taint in dev.get("basic", dev).get("taints") or []:  # v1beta1: under basic
             taint.setdefault("timeAdded", now)

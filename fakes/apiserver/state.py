@@ -1,7 +1,7 @@
-"""The fake API server's state and the controls tests turn (failures, versions and gates,
-seeded nodes, counters); the slice and claim writes are its mixins (slices.py, claims.py).
-The HTTP side (handler.py and the modules it routes to) reads it; server.py adds the
-lifecycle. No module here imports server.py."""
+"""The fake API server's state and the controls tests turn (failures, served versions,
+slice rewrites, seeded nodes, counters); the slice and claim writes are its mixins
+(slices.py, claims.py). The HTTP side (handler.py and the modules it routes to) reads
+it; server.py adds the lifecycle. No module here imports server.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fakes.apiserver import claim_status, slice_fields
+from fakes.apiserver import claim_status
 from fakes.apiserver.claims import ClaimStore
-from fakes.apiserver.convert import now
+from fakes.apiserver.selectors import now
 from fakes.apiserver.slices import SliceStore
 
 Obj = dict[str, Any]
@@ -48,32 +48,15 @@ class ServerState(SliceStore, ClaimStore):
         allow: Iterable[tuple[str, str, str]] | None = None,
         history: int = 10000,
         git_version: str = "v1.37.2",
-        consumable_capacity: bool | None = None,
-        partitionable_devices: bool | None = None,
     ) -> None:
         self.versions = tuple(v for v in ALL_VERSIONS if v in set(versions))
         self.host = host
         self.port = port
         self.git_version = git_version
-        # Gates default to the version's defaults (slice_fields.gates_for); a test may
-        # set one explicitly, or flip it at runtime, as a cluster's administrator would.
-        gates = slice_fields.gates_for(git_version)
-        self.device_taints = gates.device_taints
-        self.binding_conditions = gates.binding_conditions
-        # Feature gate DRAConsumableCapacity (beta, on by default from 1.36): when off, the
-        # server drops allowMultipleAllocations, requestPolicy and claims' shareID.
-        self.consumable_capacity = (
-            gates.consumable_capacity if consumable_capacity is None else consumable_capacity
-        )
-        # Feature gate DRAPartitionableDevices (KEP-4815; off on clusters that have not
-        # enabled it): when off, the server drops sharedCounters, consumesCounters and
-        # per-device node selection. An attribute, so a test can flip it at runtime.
-        self.partitionable_devices = (
-            gates.partitionable_devices if partitionable_devices is None else partitionable_devices
-        )
-        # DRADeviceCompatibilityGroups (KEP-5963, alpha in 1.37: off): when off, the server
-        # drops consumesCounters[].compatibilityGroups. An attribute, flipped by tests.
-        self.compatibility_groups = gates.compatibility_groups
+        # What a real server with a feature gate off drops is the real server's to show
+        # (tests/realapi.py: real_servers(feature_gates=...)); a test that needs such a
+        # server and the fake's counts sets this fault (slices.py) with what to drop.
+        self.rewrite_slice: Callable[[Obj, Obj | None], None] | None = None
         # (verb, group, resource) triples a SelfSubjectAccessReview allows; None: allow all.
         self.allow: set[tuple[str, str, str]] | None = set(allow) if allow is not None else None
         self.lock = threading.Condition()
@@ -81,7 +64,7 @@ class ServerState(SliceStore, ClaimStore):
         self.slices: dict[str, Obj] = {}
         self.claims: dict[tuple[str, str], Obj] = {}
         self.nodes: dict[str, Obj] = {}
-        self.events: list[tuple[int, str, Obj]] = []  # (rv, type, v1 object)
+        self.events: list[tuple[int, str, Obj]] = []  # (rv, type, object as stored)
         self.history = history
         self.oldest_rv = 1  # watches from before this get 410 Expired
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -148,26 +131,6 @@ class ServerState(SliceStore, ClaimStore):
     def recover(self) -> None:
         with self.lock:
             self.failing = False
-
-    def set_version(self, version: str) -> None:
-        """Serve as Kubernetes `version` ("1.35") from now on, with its gate defaults (a
-        restart of the API server on the same data, upgraded or downgraded)."""
-        gates = slice_fields.gates_for(version)
-        minor = version.lstrip("v").split(".")[1]
-        self.git_version = f"v1.{minor}.0"
-        self.device_taints = gates.device_taints
-        self.binding_conditions = gates.binding_conditions
-        self.consumable_capacity = gates.consumable_capacity
-        self.partitionable_devices = gates.partitionable_devices
-
-    def slice_gates(self) -> slice_fields.SliceGates:
-        return slice_fields.SliceGates(
-            device_taints=self.device_taints,
-            consumable_capacity=self.consumable_capacity,
-            partitionable_devices=self.partitionable_devices,
-            binding_conditions=self.binding_conditions,
-            compatibility_groups=self.compatibility_groups,
-        )
 
     def add_node(self, name: str, uid: str | None = None) -> Obj:
         node: Obj = {

@@ -8,8 +8,8 @@ import time
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from fakes.apiserver.convert import match_fields, match_labels, slice_from_v1
 from fakes.apiserver.errors import status_body
+from fakes.apiserver.selectors import match_fields, match_labels, served
 
 if TYPE_CHECKING:
     from fakes.apiserver.state import ServerState
@@ -48,7 +48,7 @@ def stream(h: BaseHTTPRequestHandler, st: ServerState, version: str, query: dict
                 # No version: synthetic ADDED for what exists now, then changes.
                 since = st.rv
                 initial: list[Obj] | None = [
-                    slice_from_v1(s, version) for s in st.slices.values() if matches(s)
+                    served(s, version) for s in st.slices.values() if matches(s)
                 ]
             else:
                 since = int(raw_rv)
@@ -78,7 +78,7 @@ def stream(h: BaseHTTPRequestHandler, st: ServerState, version: str, query: dict
                 for erv, etype, obj in pending:
                     since = erv
                     if matches(obj):
-                        chunk({"type": etype, "object": slice_from_v1(obj, version)})
+                        chunk({"type": etype, "object": served(obj, version)})
         h.wfile.write(b"0\r\n\r\n")
         h.wfile.flush()
     except OSError:

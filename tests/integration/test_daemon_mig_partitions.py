@@ -18,6 +18,7 @@ from fakes.judges import build
 from fakes.migworld import stand_in_env
 from tests.judges.allocator import device_class, exactly
 from tests.judges.judged_node import CLAIMS, RESOURCE, JudgedNode
+from tests.realapi import NodeServers
 
 PROFILE = "a100-40gb-mig-empty"
 PLACEMENT = "gpu-0-mig-3g20gb-9-4"
@@ -119,8 +120,17 @@ def test_counters_published_and_instance_made_and_destroyed_by_kubelet_calls(
         node.close()
 
 
-def test_gate_off_publishes_no_placement_and_says_so_once(cluster: Cluster) -> None:
-    cluster.api.partitionable_devices = False
+@pytest.fixture
+def gate_off(tmp_path: Path, real_servers: NodeServers) -> Iterator[Cluster]:
+    """A real API server with DRAPartitionableDevices off (on by default from 1.36)."""
+    server = real_servers(feature_gates="DRAPartitionableDevices=false")
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=PROFILE, server=server)
+    yield c
+    c.close()
+
+
+def test_gate_off_publishes_no_placement_and_says_so_once(gate_off: Cluster) -> None:
+    cluster = gate_off
     daemon = cluster.start_daemon(env=env(cluster))
     daemon.wait_ready([NVIDIA])
     cluster.wait_for("fallback", lambda: "DRAPartitionableDevices" in daemon.logs())

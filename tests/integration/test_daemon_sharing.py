@@ -16,6 +16,7 @@ import pytest
 from fakes.cluster import INTEL, NVIDIA, Cluster, Daemon, allocated_claim
 from fakes.kubelet import Claim, Plugin
 from fakes.simnode import CARDS, unavailable_reason
+from tests.gated_fields import drop_consumable
 from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
@@ -145,7 +146,9 @@ def test_kill_9_while_shares_are_prepared_then_restart(cluster: Cluster) -> None
 
 
 def test_old_api_server_falls_back_to_exclusive(tmp_path: Path) -> None:
-    c = Cluster(tmp_path, profile="igpu", nvml_profile=None, consumable_capacity=False)
+    c = Cluster(tmp_path, profile="igpu", nvml_profile=None)
+    assert c.api is not None  # the fake, for its counts, dropping what a gate-off one drops
+    c.api.rewrite_slice = drop_consumable
     try:
         # The node's kubelet: up before the plugin and through the plugin's restart.
         kubelet = c.kubelet()

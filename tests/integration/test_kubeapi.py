@@ -26,11 +26,13 @@ from dra_plugin.kubeapi import (
     UnavailableError,
     WatchEvent,
 )
+from dra_plugin.kubeapi.discovery import claim_to_v1
 from dra_plugin.slices.build import desired_slices
 from fakes.apiserver import FakeAPIServer
-from fakes.judges.apiserver import ApiServer
+from fakes.judges.apiserver import ApiServer, ServerFactory
 from fakes.waits import async_wait_for, wait_for
 from tests.judges.chart_identity import write_kubeconfig
+from tests.realapi import BETA_SERVED
 
 FAST = Timeouts(connect=1, read=5, watch=5, read_attempts=4, backoff_initial=0.02)
 REPO = Path(__file__).resolve().parents[2]
@@ -77,6 +79,18 @@ def server() -> Iterator[FakeAPIServer]:
 
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def as_served(claim: dict[str, Any], version: str) -> dict[str, Any]:
+    """`claim` (v1) as a server of `version` sends it: v1beta1 has a request's fields
+    flat, where v1 has them under `exactly`. The fake converts nothing (the real
+    server's conversion: tests/judges), so a test seeds the shape its version reads."""
+    out = json.loads(json.dumps(claim))
+    out["apiVersion"] = f"resource.k8s.io/{version}"
+    if version == "v1beta1":
+        for request in out["spec"]["devices"]["requests"]:
+            request.update(request.pop("exactly"))
+    return out
 
 
 def api_for(srv: FakeAPIServer) -> KubeAPI:
@@ -146,7 +160,7 @@ def test_failed_discovery_says_why_and_is_retried() -> None:
 @pytest.mark.parametrize("served", ["v1", "v1beta1"])
 def test_get_claim(server: FakeAPIServer, served: str) -> None:
     server.versions = (served,)
-    server.add_claim(CLAIM)
+    server.add_claim(as_served(CLAIM, served))
 
     async def go() -> dict[str, Any]:
         api = api_for(server)
@@ -163,6 +177,34 @@ def test_get_claim(server: FakeAPIServer, served: str) -> None:
 
 
 NV = "gpu.nvidia.com"
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+def test_a_beta_claim_reads_as_the_real_servers_v1(
+    version: str, judge_servers: ServerFactory
+) -> None:
+    """The plugin's own conversion (claim_to_v1) of a claim the real server sends in a
+    beta version gives what that server sends in v1 (the fake converts nothing)."""
+    server = judge_servers(runtime_config=BETA_SERVED)
+    base = "/apis/resource.k8s.io/{}/namespaces/default/resourceclaims"
+    body = {k: v for k, v in CLAIM.items() if k != "status"}
+    name = f"converted-{version}"
+    body = {**body, "metadata": {"name": name, "namespace": "default"}}
+    server.delete(f"{base.format('v1')}/{name}")
+    created = server.ok(
+        "POST",
+        base.format("v1"),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **body},
+    )
+    try:
+        status = {**created, "status": CLAIM["status"]}
+        v1 = server.ok("PUT", f"{base.format('v1')}/{name}/status", status)
+        beta = server.get(f"{base.format(version)}/{name}")
+        assert beta["apiVersion"] == f"resource.k8s.io/{version}"
+        got = claim_to_v1(beta, version)
+        assert got["spec"] == v1["spec"] and got["status"] == v1["status"]
+    finally:
+        server.delete(f"{base.format('v1')}/{name}")
 
 
 def test_an_invalid_slice_is_an_invalid_error_naming_the_field(
@@ -396,7 +438,7 @@ def test_apply_claim_device_status_keeps_other_drivers_entries(
     server: FakeAPIServer, served: str
 ) -> None:
     server.versions = (served,)
-    stored = server.add_claim(_two_driver_claim())
+    stored = server.add_claim(as_served(_two_driver_claim(), served))
     uid = stored["metadata"]["uid"]
 
     async def go() -> None:
@@ -427,17 +469,13 @@ def test_apply_claim_device_status_keeps_other_drivers_entries(
                 ours,
                 field_manager=NV,
             )
-        # Only allocated devices can have a status.
-        with pytest.raises(InvalidError, match="must be an allocated device"):
-            await api.apply_claim_device_status(
-                "default", "gpu-test", uid, [_entry(NV, "gpu-7")], field_manager=NV
-            )
         await api.close()
 
     run(go())
     devices = server.get_stored_claim("default", "gpu-test")["status"]["devices"]
     assert devices[0] == _entry(NET, "eth0", data={"mac": "x"})
-    assert server.count("patch", "resourceclaims/status") == 5
+    # (What a status may hold: test_the_status_subresource_rules_of_the_real_server.)
+    assert server.count("patch", "resourceclaims/status") == 4
 
 
 def _http(
@@ -460,55 +498,80 @@ def _http(
         return err.code, json.loads(err.read())
 
 
-def test_fake_status_subresource_enforces_the_real_rules(server: FakeAPIServer) -> None:
-    """PUT on /status ignores the spec, PUT on the claim ignores the status, stale
-    resourceVersions conflict, status.devices is validated, allocation is immutable."""
-    stored = server.add_claim(_two_driver_claim())
-    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/gpu-test"
-    edited = json.loads(json.dumps(stored))
-    edited["spec"]["devices"]["requests"][0]["name"] = "changed"
-    edited["status"]["devices"] = [_entry(NET, "eth0")]
-    code, out = _http(server, "PUT", path + "/status", edited)
-    assert code == 200, out
-    assert out["spec"] == stored["spec"] and out["status"]["devices"] == [_entry(NET, "eth0")]
-    # The same resourceVersion again is stale now.
-    code, out = _http(server, "PUT", path + "/status", edited)
-    assert code == 409 and "has been modified" in out["message"]
-    # Through the claim itself the status is ignored and the spec is immutable.
-    fresh = server.get_stored_claim("default", "gpu-test")
-    changed = json.loads(json.dumps(fresh))
-    changed["status"] = {}
-    changed["metadata"]["labels"] = {"a": "b"}
-    code, out = _http(server, "PUT", path, changed)
-    assert code == 200 and out["status"]["devices"] == [_entry(NET, "eth0")], out
-    changed = server.get_stored_claim("default", "gpu-test")
-    changed["spec"]["devices"]["requests"][0]["name"] = "changed"
-    code, out = _http(server, "PUT", path, changed)
-    assert code == 422 and "immutable" in out["message"]
-    # status.devices rules: names, conditions, data, unknown fields, allocation.
-    bad = server.get_stored_claim("default", "gpu-test")
-    bad["status"]["devices"] = [
-        _entry(NV, "gpu-0", data=["not", "an", "object"]),
-        _entry(NV, "gpu-0"),
-        _entry(NV, "gpu-1", shareID=SHARE, conditions=[{"type": "Ready", "status": "Yes"}]),
-    ]
-    code, out = _http(server, "PUT", path + "/status", bad)
-    assert code == 422, out
-    fields = {c["field"] for c in out["details"]["causes"]}
-    assert {
-        "status.devices[0].data",
-        "status.devices[1]",
-        "status.devices[2].conditions[0].status",
-        "status.devices[2].conditions[0].reason",
-        "status.devices[2].conditions[0].lastTransitionTime",
-    } <= fields
-    bad["status"]["devices"] = [_entry(NV, "gpu-0", colour="red")]
-    code, out = _http(server, "PUT", path + "/status", bad)
-    assert code == 400 and "unknown field" in out["message"]
-    bad["status"]["devices"] = []
-    bad["status"]["allocation"]["devices"]["results"].pop()
-    code, out = _http(server, "PUT", path + "/status", bad)
-    assert code == 422 and "status.allocation" in out["message"]
-    # An apply without a field manager is refused, as the real server does.
-    code, out = _http(server, "PATCH", path + "/status", {}, "application/apply-patch+yaml")
-    assert code == 422 and "fieldManager" in out["message"]
+def _set(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """status.devices without the fields the server answers as null."""
+    entries = claim["status"].get("devices") or []
+    return [{k: v for k, v in e.items() if v is not None} for e in entries]
+
+
+def test_the_status_subresource_rules_of_the_real_server(real_api: ApiServer) -> None:
+    """What the fake no longer judges, said by the real server: PUT on /status ignores the
+    spec, PUT on the claim ignores the status, stale resourceVersions conflict,
+    status.devices is validated, allocation is immutable, an apply needs a manager."""
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/status-rules"
+    claim = _two_driver_claim()
+    claim["metadata"] = {"name": "status-rules", "namespace": "default"}
+    status = claim.pop("status")
+    nic = {"name": "nic", "exactly": {"deviceClassName": NET, "allocationMode": "ExactCount"}}
+    claim["spec"]["devices"]["requests"].append(nic)  # the real server wants each request
+    real_api.delete(path)
+    created = real_api.ok(
+        "POST", path.rsplit("/", 1)[0], {"apiVersion": "resource.k8s.io/v1", **claim}
+    )
+    try:
+        stored = real_api.ok("PUT", path + "/status", {**created, "status": status})
+
+        def put(sub: str, body: Any) -> tuple[int, Any]:
+            resp = real_api.request("PUT", path + sub, body)
+            return resp.status, resp.body
+
+        edited = json.loads(json.dumps(stored))
+        edited["spec"]["devices"]["requests"][0]["name"] = "changed"
+        edited["status"]["devices"] = [_entry(NET, "eth0")]
+        code, out = put("/status", edited)
+        assert code == 200, out
+        assert out["spec"] == stored["spec"] and _set(out) == [_entry(NET, "eth0")]
+        # The same resourceVersion again is stale now.
+        code, out = put("/status", edited)
+        assert code == 409 and "has been modified" in out["message"]
+        # Through the claim itself the status is ignored and the spec is immutable.
+        changed = real_api.get(path)
+        changed["status"] = {}
+        changed["metadata"]["labels"] = {"a": "b"}
+        code, out = put("", changed)
+        assert code == 200 and _set(out) == [_entry(NET, "eth0")], out
+        changed = real_api.get(path)
+        changed["spec"]["devices"]["requests"][0]["name"] = "changed"
+        code, out = put("", changed)
+        assert code == 422 and "immutable" in out["message"]
+        # status.devices rules: names, conditions, data, allocation.
+        bad = real_api.get(path)
+        bad["status"]["devices"] = [
+            _entry(NV, "gpu-0", data=["not", "an", "object"]),
+            _entry(NV, "gpu-0"),
+            _entry(NV, "gpu-1", shareID=SHARE, conditions=[{"type": "Ready", "status": "Yes"}]),
+        ]
+        code, out = put("/status", bad)
+        assert code == 422, out
+        fields = {c["field"] for c in out["details"]["causes"]}
+        assert {
+            "status.devices[0].data",
+            "status.devices[1]",
+            "status.devices[2].conditions[0].status",
+            "status.devices[2].conditions[0].reason",
+            "status.devices[2].conditions[0].lastTransitionTime",
+        } <= fields
+        bad["status"]["devices"] = [_entry(NV, "gpu-7")]
+        code, out = put("/status", bad)
+        assert code == 422 and "must be an allocated device" in out["message"], out
+        bad["status"]["devices"] = []
+        bad["status"]["allocation"]["devices"]["results"].pop()
+        code, out = put("/status", bad)
+        assert code == 422 and "status.allocation" in out["message"], out
+        # An apply without a field manager is refused.
+        resp = real_api.request(
+            "PATCH", path + "/status", {}, content_type="application/apply-patch+yaml"
+        )
+        assert resp.status == 422 and "fieldManager" in resp.body["message"], resp.body
+    finally:
+        real_api.delete(path)

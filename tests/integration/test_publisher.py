@@ -16,6 +16,7 @@ from dra_plugin.sharing import Sharing
 from dra_plugin.slices.publisher import SlicePublisher
 from fakes.apiserver import FakeAPIServer
 from fakes.waits import async_wait_for
+from tests.gated_fields import drop_consumable
 from tests.realapi import slice_refusals
 
 NODE = "mini-1"
@@ -440,7 +441,9 @@ def test_shared_pool_is_kept_by_a_gate_on_server(server: FakeAPIServer) -> None:
 
 
 def test_gate_off_server_falls_back_to_exclusive_once(caplog: pytest.LogCaptureFixture) -> None:
-    with FakeAPIServer(consumable_capacity=False) as srv:
+    # The fake, for its counts, dropping what a DRAConsumableCapacity-off server drops.
+    with FakeAPIServer() as srv:
+        srv.rewrite_slice = drop_consumable
         srv.add_node(NODE)
 
         async def body(api: RecordingAPI) -> None:

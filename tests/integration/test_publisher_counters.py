@@ -12,6 +12,7 @@ from dra_plugin.devices import CounterSet, Device, make_device
 from dra_plugin.kubeapi import Obj
 from dra_plugin.telemetry import metrics
 from fakes.apiserver import FakeAPIServer
+from tests.gated_fields import drop_partitionable
 from tests.integration.test_publisher import (
     FAST,
     NODE,
@@ -171,7 +172,9 @@ def test_gate_off_server_one_dry_run_then_plain_devices_only(
 ) -> None:
     driver = "parts-off.example.com"
     assert metric_line(driver) not in rendered()
-    with FakeAPIServer(partitionable_devices=False) as srv:
+    # The fake, for its counts, dropping what a DRAPartitionableDevices-off server drops.
+    with FakeAPIServer() as srv:
+        srv.rewrite_slice = drop_partitionable
         srv.add_node(NODE)
 
         async def first(api: CallLog) -> None:
@@ -234,7 +237,7 @@ def test_gate_flipped_off_between_writes_falls_back() -> None:
             assert pub.partitions(driver)
             assert len(stored(srv, driver)) == 2 and counted(stored(srv, driver))
             await watched_everything(api, srv, pub, watches=1)
-            srv.partitionable_devices = False
+            srv.rewrite_slice = drop_partitionable  # the gate goes off (a restart)
             # A ninth counter set needs a second set slice: a create, whose counters the
             # server now drops (updates of slices that use them would keep them).
             pub.set_devices(driver, fleet(driver, gpus=9, parts=3, plain=2))

@@ -1,7 +1,7 @@
 """One table of ResourceSlice writes and what an API server does with each.
 
-Run against both the fake (fakes/apiserver/) and the real kube-apiserver 1.37.2
-by test_api_conformance.py, so the fake cannot drift from the real server again. Each case
+Run against the real kube-apiserver 1.37.2 by test_api_conformance.py (the fake API
+server keeps none of these rules: it stores what it is sent). Each case
 is a slice spec sent as a create (or, with `base`, an update of a slice created first)
 and one outcome:
   Accepted  stored as sent, except `changed` (path -> the value the server stores:

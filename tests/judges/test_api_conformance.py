@@ -1,19 +1,19 @@
-"""The table of ResourceSlice cases (slice_cases.py) against two servers: the real
-kube-apiserver 1.37.2 (slow), and the fake (fast, every run) on the cases it still
-answers: it no longer validates (a 422 is the real server's alone) nor rewrites
-quantities, but it decodes and drops gated fields, and must do so as the real server."""
+"""The table of ResourceSlice cases (slice_cases.py) against the real kube-apiserver
+1.37.2 (slow): what it refuses, rewrites and drops (unknown fields, fields of gates that
+are off), by version. The fake API server judges none of it (it stores what it is
+sent); tests/gated_fields.py's faults, which make it drop gated fields for tests that
+need its counts, follow these cases."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pytest
 
-from fakes.apiserver import FakeAPIServer
 from fakes.judges import apiserver
-from fakes.judges.apiserver import ApiServer, Response, ServerFactory, http_request
+from fakes.judges.apiserver import ApiServer, Response, ServerFactory
 from tests.judges.slice_cases import CASES, Accepted, Case, Obj, Rejected, expected_spec
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -23,18 +23,6 @@ class Target(Protocol):
     def request(
         self, method: str, path: str, body: Any = None, *, params: dict[str, str] | None = None
     ) -> Response: ...
-
-
-class FakeTarget:
-    """The fake as the table sees it: one server per version, v1 only, as the judge."""
-
-    def __init__(self, srv: FakeAPIServer) -> None:
-        self.srv = srv
-
-    def request(
-        self, method: str, path: str, body: Any = None, *, params: dict[str, str] | None = None
-    ) -> Response:
-        return http_request(self.srv.url + path, method, body, params=params)
 
 
 def _body(spec: Obj) -> Obj:
@@ -88,35 +76,6 @@ def judge(case: Case, resp: Response) -> None:
 
 
 CASE_IDS = [c.id for c in CASES]
-
-
-# --- the fake ------------------------------------------------------------------------------
-@pytest.fixture
-def fake_at() -> Iterator[Callable[[str], Target]]:
-    """The fake at a version; asking for another version of the same case flips the
-    fake's gates in place (the restart that keeps etcd's data)."""
-    with FakeAPIServer(versions=("v1",)) as srv:
-
-        def at(version: str) -> Target:
-            srv.set_version(version or "1.37")
-            return FakeTarget(srv)
-
-        yield at
-
-
-# The fake's cases: all but the validation refusals (422) and the canonical quantities,
-# which only the real server makes.
-FAKE_CASES = [
-    c
-    for c in CASES
-    if not (isinstance(c.outcome, Rejected) and c.outcome.status == 422)
-    and not (isinstance(c.outcome, Accepted) and c.outcome.changed)
-]
-
-
-@pytest.mark.parametrize("case", FAKE_CASES, ids=[c.id for c in FAKE_CASES])
-def test_fake(case: Case, fake_at: Callable[[str], Target]) -> None:
-    judge(case, run_case(case, fake_at))
 
 
 # --- the real server -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -23,12 +24,40 @@ from dra_plugin.vendors.base import Made, MakeError
 from dra_plugin.vendors.basicsettings import defaults
 from dra_plugin.vendors.claimcontext import AllocatedDevice, ClaimContext
 from dra_plugin.vendors.intel.vendor import IntelVendor
-from fakes.apiserver.claim_status import validate_status_devices
-from tests.realapi import slice_refusals
+from tests.realapi import shared_server, slice_refusals
 
 NODE, UID = "mini-1", "0b7c5e4a-1c1e-4d63-9f0e-5d7f3c2a9b11"
 AMD = "gpu.amd.com"
 SHARE = "0f5c3b0e-8a8a-4d7e-9a55-0d7f7c1f0003"
+
+
+def status_refusals(status: dict[str, Any]) -> list[str]:
+    """What the real server says against a claim's status (allocation and devices, the
+    requests named by the allocation): [] when it takes it (a dry run, nothing kept)."""
+    server = shared_server()
+    path = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
+    results = status["allocation"]["devices"]["results"]
+    requests = [
+        {"name": r["request"], "exactly": {"deviceClassName": r["driver"]}} for r in results
+    ]
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"generateName": "cu-masks-", "namespace": "default"},
+        "spec": {"devices": {"requests": requests}},
+    }
+    created = server.ok("POST", path, claim)
+    name = created["metadata"]["name"]
+    try:
+        resp = server.request(
+            "PUT", f"{path}/{name}/status", {**created, "status": status}, params={"dryRun": "All"}
+        )
+    finally:
+        server.delete(f"{path}/{name}")
+    if resp.status == 200:
+        return []
+    causes = (resp.body.get("details") or {}).get("causes") or []
+    return [f"{c.get('field')}: {c.get('message')}" for c in causes] or [str(resp.body)]
 
 
 def gpu(name: str = "navi", cus: int | None = 96, gfx: int = 110000, node: int = 1) -> Device:
@@ -326,7 +355,7 @@ def test_share_conditions_are_valid_status_and_say_what_holds_a_share() -> None:
             },
             "devices": entries,
         }  # fmt: skip
-        assert validate_status_devices(status) == []
+        assert status_refusals(status) == []
     said = amd.share_condition(navi, entry)
     assert said is not None and "compute units 0-11 (12 of 96)" in said.message
     # An AMD share without recorded compute units (none booked, or none to divide) is

@@ -1,6 +1,5 @@
-"""Version conversion and selectors: objects are stored in the v1 shape and converted at
-the edge (v1beta1 keeps device fields under `basic` and a request's under `exactly`);
-list and watch filter them by label and field selectors."""
+"""Objects as a read answers them (stored as sent, never converted) and the label and
+field selectors that list and watch filter them by."""
 
 from __future__ import annotations
 
@@ -13,54 +12,12 @@ Obj = dict[str, Any]
 GROUP = "resource.k8s.io"
 
 
-def flat_device(device: Obj, version: str) -> Obj:
-    if version != "v1beta1":
-        return device
-    return {"name": device.get("name"), **(device.get("basic") or {})}
-
-
-def slice_to_v1(obj: Obj, version: str) -> Obj:
-    out = copy.deepcopy(obj)
-    if version == "v1beta1":
-        out["spec"]["devices"] = [flat_device(d, version) for d in out["spec"].get("devices") or []]
-    return out
-
-
-def slice_from_v1(obj: Obj, version: str) -> Obj:
+def served(obj: Obj, version: str) -> Obj:
+    """A stored object as a read of `version` answers: as it was sent, under that
+    apiVersion. The fake converts nothing: a test reads an object in the version it was
+    written in (conversion between versions is the real server's, tests/realapi.py)."""
     out = copy.deepcopy(obj)
     out["apiVersion"] = f"{GROUP}/{version}"
-    if version == "v1beta1" and out.get("spec", {}).get("devices"):
-        out["spec"]["devices"] = [
-            {"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}}
-            for d in out["spec"]["devices"]
-        ]
-    return out
-
-
-def claim_from_v1(obj: Obj, version: str) -> Obj:
-    out = copy.deepcopy(obj)
-    out["apiVersion"] = f"{GROUP}/{version}"
-    if version == "v1beta1":
-        for req in out.get("spec", {}).get("devices", {}).get("requests", []) or []:
-            req.update(req.pop("exactly", {}) or {})
-    return out
-
-
-def claim_to_v1(obj: Obj, version: str) -> Obj:
-    out = copy.deepcopy(obj)
-    if version == "v1beta1":
-        for req in out.get("spec", {}).get("devices", {}).get("requests", []) or []:
-            if "deviceClassName" in req:
-                fields = (
-                    "deviceClassName",
-                    "selectors",
-                    "allocationMode",
-                    "count",
-                    "adminAccess",
-                    "tolerations",
-                    "capacity",
-                )
-                req["exactly"] = {k: req.pop(k) for k in fields if k in req}
     return out
 
 
