@@ -14,6 +14,7 @@ import pytest
 from fakes.cluster import INTEL, NVIDIA, Cluster, allocated_claim
 from fakes.kubelet import Claim
 from fakes.simnode import CARDS, unavailable_reason
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -31,8 +32,17 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
+@pytest.fixture
+def on_real(tmp_path: Path, real_server: RealNodeServer) -> Iterator[Cluster]:
+    """The node on the shared real API server: it keeps status.devices as it does for
+    every driver's field manager, and validates every entry."""
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter", server=real_server)
+    yield c
+    c.close()
+
+
 def _devices(cluster: Cluster, name: str) -> list[dict[str, Any]]:
-    claim = cluster.api.get_stored_claim("default", name)
+    claim = cluster.server.get_stored_claim("default", name)
     return list((claim.get("status") or {}).get("devices") or [])
 
 
@@ -44,7 +54,10 @@ def _published(cluster: Cluster, driver: str, device: str) -> dict[str, Any]:
     raise AssertionError(f"{driver}/{device} is not published")
 
 
-def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: Cluster) -> None:
+def test_prepare_reports_device_status_and_keeps_other_drivers_entries(
+    on_real: Cluster, real_server: RealNodeServer
+) -> None:
+    cluster = on_real
     daemon = cluster.start_daemon()
     daemon.wait_ready()
     kubelet = cluster.kubelet()
@@ -52,7 +65,7 @@ def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: 
     cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
     cluster.wait_for("slices", lambda: "gpu-0" in cluster.published(NVIDIA))
     node = cluster.node
-    stored = cluster.api.add_claim(
+    stored = cluster.server.add_claim(
         allocated_claim(
             "mixed",
             [
@@ -70,7 +83,13 @@ def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: 
         "metadata": {"name": "mixed", "namespace": "default"},
         "status": {"devices": [theirs]},
     }
-    cluster.api.apply_claim_status("default", "mixed", "v1", apply, {"fieldManager": NET})
+    real_server.server.ok(
+        "PATCH",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/mixed/status",
+        apply,
+        params={"fieldManager": NET},
+        content_type="application/apply-patch+yaml",
+    )
     ref = Claim("default", stored["metadata"]["uid"], "mixed")
     for plugin in (intel, nvidia):
         resp = plugin.prepare([ref]).claims[ref.uid]
@@ -81,7 +100,8 @@ def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: 
     )
     devices = _devices(cluster, "mixed")
     by_driver = {e["driver"]: e for e in devices}
-    assert by_driver[NET] == theirs
+    # kept as that driver wrote it (the server spells its unset conditions as null)
+    assert {k: v for k, v in by_driver[NET].items() if v is not None} == theirs
     ours = {INTEL: by_driver[INTEL], NVIDIA: by_driver[NVIDIA]}
     assert (ours[INTEL]["pool"], ours[INTEL]["device"]) == (node, IGPU)
     assert (ours[NVIDIA]["pool"], ours[NVIDIA]["device"]) == (node, "gpu-0")
@@ -103,7 +123,7 @@ def test_prepare_reports_device_status_and_keeps_other_drivers_entries(cluster: 
     # What was stored is a valid ResourceClaim for the API's own schema.
     for version in ("1.34.0", "1.35.0", "1.37.0"):
         kubernetes_validate.validate(
-            cluster.api.get_stored_claim("default", "mixed"), version, True
+            cluster.server.get_stored_claim("default", "mixed"), version, True
         )
     kubelet.close()
     assert daemon.terminate() == 0
