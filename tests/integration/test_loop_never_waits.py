@@ -26,6 +26,7 @@ from fakes.ports import free_port
 from fakes.simnode import CARDS, unavailable_reason
 from fakes.slowdisk import SlowDisk
 from fakes.waits import wait_for
+from tests.realapi import RealNodeServer
 
 pytestmark = pytest.mark.skipif(
     unavailable_reason() is not None, reason=f"umockdev: {unavailable_reason()}"
@@ -137,8 +138,10 @@ def steady_health_open(plugin: Plugin, tries: int = 5) -> float:
     return max(first_health_message(plugin) for _ in range(tries))
 
 
-def start(tmp_path: Path, *, metadata: bool) -> tuple[Cluster, SlowDisk, int]:
-    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter")
+def start(
+    tmp_path: Path, server: RealNodeServer, *, metadata: bool
+) -> tuple[Cluster, SlowDisk, int]:
+    c = Cluster(tmp_path, profile="igpu+nvidia", nvml_profile="datacenter", server=server)
     disk = SlowDisk(tmp_path)
     port = free_port()
     env = {
@@ -153,16 +156,18 @@ def start(tmp_path: Path, *, metadata: bool) -> tuple[Cluster, SlowDisk, int]:
 
 
 @pytest.fixture
-def with_metadata(tmp_path: Path) -> Iterator[tuple[Cluster, SlowDisk, int]]:
-    node = start(tmp_path, metadata=True)
+def with_metadata(
+    tmp_path: Path, real_server: RealNodeServer
+) -> Iterator[tuple[Cluster, SlowDisk, int]]:
+    node = start(tmp_path, real_server, metadata=True)
     yield node
     node[1].steady()
     node[0].close()
 
 
 @pytest.fixture
-def plain(tmp_path: Path) -> Iterator[tuple[Cluster, SlowDisk, int]]:
-    node = start(tmp_path, metadata=False)
+def plain(tmp_path: Path, real_server: RealNodeServer) -> Iterator[tuple[Cluster, SlowDisk, int]]:
+    node = start(tmp_path, real_server, metadata=False)
     yield node
     node[1].steady()
     node[0].close()
@@ -190,12 +195,12 @@ def test_a_lone_prepare_whose_fdatasync_stalls_leaves_the_loop_serving(
     kubelet = cluster.kubelet((1, 37))
     intel, nvidia = kubelet.wait_for(INTEL), kubelet.wait_for(NVIDIA)
     cluster.wait_for("slices", lambda: IGPU in cluster.published(INTEL))
-    obj = cluster.api.add_claim(
+    obj = cluster.server.add_claim(
         allocated_claim(
             "stalled", [{"request": "gpu", "driver": INTEL, "pool": cluster.node, "device": IGPU}]
         )
     )
-    ref = Claim("default", obj["metadata"]["uid"], "stalled")
+    ref = Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], "stalled")
     with LoopWatch(port, nvidia) as watch:
         watch.baseline(2.0)
         steady = steady_health_open(nvidia)
@@ -244,8 +249,8 @@ def test_compaction_under_a_stalled_disk_leaves_the_loop_serving(
         refs = []
         for _ in range(count):
             name = f"admin-{next(made)}"
-            obj = cluster.api.add_claim(allocated_claim(name, results))
-            refs.append(Claim("default", obj["metadata"]["uid"], name))
+            obj = cluster.server.add_claim(allocated_claim(name, results))
+            refs.append(Claim(obj["metadata"]["namespace"], obj["metadata"]["uid"], name))
         before = journal_size()
         resp = nvidia.prepare(refs)
         assert all(resp.claims[r.uid].error == "" for r in refs)
