@@ -139,6 +139,18 @@ def _materialize(at: Path, host: Path, nested: Mapping[Path, Path]) -> None:
         _materialize(at / first, own if own is not None else host / first, below)
 
 
+def _working_in(dirs: tuple[Path, ...]) -> list[int]:
+    """The processes whose working directory is one of `dirs`."""
+    wanted = {str(d.resolve()) for d in dirs}
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{entry}/cwd") in wanted:
+                    found.append(int(entry))
+    return found
+
+
 @dataclass
 class _Pod:
     key: tuple[str, str]
@@ -282,9 +294,11 @@ class MpsNode:
         with contextlib.suppress(subprocess.TimeoutExpired):
             pod.proc.wait(5)
         if pod.pipe is not None:  # the daemon left the container's process group (-d)
-            pid_file = pod.pipe / "nvidia-cuda-mps-control.pid"
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                pid_file.unlink()
+            # Found by its working directory (the container's, then its pipe dir), not by
+            # its pid file: a pod killed before the daemon wrote it must not leave it.
+            for pid in _working_in((pod.fs, pod.pipe)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            (pod.pipe / "nvidia-cuda-mps-control.pid").unlink(missing_ok=True)
         with self.server.lock:
             self.server.objects.pods.pop((key[0], f"{key[1]}-0"), None)

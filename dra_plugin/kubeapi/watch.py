@@ -137,6 +137,7 @@ class SliceWatch(ResourceObjects):
                         return
                     if line.strip():
                         post("event", json.loads(line))
+                holder["read"] = True  # the server ended it: the connection can be reused
                 post("end", None)
             except ApiException as exc:
                 post("error", translate(exc, what))
@@ -146,8 +147,14 @@ class SliceWatch(ResourceObjects):
             finally:
                 resp = holder.get("resp")
                 if resp is not None:
+                    # A stream left half read is closed, never handed back to the pool: a
+                    # reused connection would carry its rest, and a pool the client closed
+                    # meanwhile would keep it open.
                     with contextlib.suppress(Exception):
-                        resp.release_conn()
+                        if holder.get("read"):
+                            resp.release_conn()
+                        else:
+                            resp.close()
 
         thread = threading.Thread(target=reader, name="slice-watch", daemon=True)
         thread.start()
