@@ -153,6 +153,25 @@ def move_aside(paths: Sequence[Path], now: float) -> list[Path]:
     return out
 
 
+def set_aside(path: Path) -> str:
+    """`move_aside` for one damaged file, said as the end of its log line."""
+    try:
+        return f"set aside as {move_aside([path], time.time())[0].name}"
+    except OSError as err:  # a directory we cannot write
+        return f"left in place (cannot move it: {err})"
+
+
+def read_versioned(path: Path, version: int) -> Any:
+    """The JSON object of the regular file `path` if it says `"version": <version>`.
+    FileNotFoundError when there is none; ValueError (or OSError) when it cannot be
+    read or is of another version."""
+    raw = json.loads(read_regular(path))
+    if not isinstance(raw, dict) or raw.get("version") != version:
+        found = raw.get("version") if isinstance(raw, dict) else None
+        raise ValueError(f"version {found!r}")
+    return raw
+
+
 MIGRATED = ".migrated"  # the name an older version's file is kept under once migrated
 
 

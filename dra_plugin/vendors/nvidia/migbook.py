@@ -16,17 +16,14 @@ never destroyed); a book from an earlier boot is void (no instance survives a re
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dra_plugin.host import files
-from dra_plugin.host.files import move_aside, read_regular
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -77,18 +74,11 @@ def read_book(state_dir: Path, boot_id: str, driver: str) -> list[BookEntry]:
     said, counted and set aside)."""
     path = state_dir / BOOK
     try:
-        raw = json.loads(read_regular(path))
-        if not isinstance(raw, Mapping) or raw.get("version") != _VERSION:
-            version = raw.get("version") if isinstance(raw, Mapping) else None
-            raise ValueError(f"version {version!r}")
+        raw = files.read_versioned(path, _VERSION)
         entries = [_entry(e) for e in raw["instances"]]
     except FileNotFoundError:
         return []
     except (OSError, ValueError, TypeError, KeyError) as exc:
-        try:
-            aside = f"set aside as {move_aside([path], time.time())[0].name}"
-        except OSError as err:  # a directory we cannot write
-            aside = f"left in place (cannot move it: {err})"
         log.error(
             "MIG instance book %s (written by an earlier version, read once to move it into "
             "the claims' record) is unusable (%s); %s. MIG instances dra-plugin made before "
@@ -96,7 +86,7 @@ def read_book(state_dir: Path, boot_id: str, driver: str) -> list[BookEntry]:
             "devices; destroy them with nvidia-smi once unused",
             path,
             exc,
-            aside,
+            files.set_aside(path),
         )
         metrics.checkpoint_damage(driver, "mig-instances", "unreadable")
         return []

@@ -14,14 +14,10 @@ and set aside: the held claims' records are then all there is.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
-from collections.abc import Mapping
 from pathlib import Path
 
 from dra_plugin.host import files
-from dra_plugin.host.files import move_aside, read_regular
 from dra_plugin.telemetry import metrics
 
 log = logging.getLogger(__name__)
@@ -38,27 +34,20 @@ def read_book(state_dir: Path, driver: str) -> OldBook:
     said, counted and set aside)."""
     path = state_dir / BOOK
     try:
-        raw = json.loads(read_regular(path))
-        if not isinstance(raw, Mapping) or raw.get("version") != _VERSION:
-            version = raw.get("version") if isinstance(raw, Mapping) else None
-            raise ValueError(f"version {version!r}")
+        raw = files.read_versioned(path, _VERSION)
         return {
             str(uuid): [(str(c), int(n)) for c, n in g["claims"]] for uuid, g in raw["gpus"].items()
         }
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        try:
-            aside = f"set aside as {move_aside([path], time.time())[0].name}"
-        except OSError as err:
-            aside = f"left in place (cannot move it: {err})"
         log.error(
             "time-slice book %s (written by an earlier version, read once to move it into "
             "the claims' record) is unusable (%s); %s. GPUs are set from the held claims' "
             "records",
             path,
             exc,
-            aside,
+            files.set_aside(path),
         )
         metrics.checkpoint_damage(driver, "timeslice", "unreadable")
         return {}
