@@ -139,6 +139,12 @@ def _materialize(at: Path, host: Path, nested: Mapping[Path, Path]) -> None:
         _materialize(at / first, own if own is not None else host / first, below)
 
 
+def deployments(server: Any) -> dict[str, dict[str, Any]]:
+    """The Deployments stored on the fake API server `server` now, by name."""
+    with server.lock:
+        return {name: d for (_, name), d in server.objects.deployments.items()}
+
+
 def _working_in(dirs: tuple[Path, ...]) -> list[int]:
     """The processes whose working directory is one of `dirs`."""
     wanted = {str(d.resolve()) for d in dirs}

@@ -39,7 +39,7 @@ from fakes.mps_harness import (
     ref,
     two_group_claim,
 )
-from fakes.mps_node import MpsNode, MpsWorld, make_world
+from fakes.mps_node import MpsNode, MpsWorld, deployments, make_world
 
 UUID0, UUID1 = list(GPUS)
 UID1 = "11111111-0000-4000-8000-000000000001"
@@ -60,11 +60,6 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MpsWorld]
 def server() -> Iterator[FakeAPIServer]:
     with FakeAPIServer() as s:
         yield s
-
-
-def deployments(server: FakeAPIServer) -> dict[str, Any]:
-    with server.lock:
-        return {name: d for (_, name), d in server.objects.deployments.items()}
 
 
 def spec_of(root: Path, uid: str) -> dict[str, Any]:

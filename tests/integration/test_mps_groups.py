@@ -31,7 +31,7 @@ from fakes.mps_harness import (
     ref,
     two_group_claim,
 )
-from fakes.mps_node import MpsNode, MpsWorld, make_world
+from fakes.mps_node import MpsNode, MpsWorld, deployments, make_world
 from fakes.nvidia_claims import allocated, container_requests, manifest_spec
 
 UUID0, UUID1 = list(GPUS)
@@ -50,11 +50,6 @@ def world_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, shell: bool) ->
     for k, v in w.env.items():
         monkeypatch.setenv(k, v)
     return w
-
-
-def deployments(server: FakeAPIServer) -> list[dict[str, Any]]:
-    with server.lock:
-        return list(server.objects.deployments.values())
 
 
 def spec_of(root: Path, uid: str) -> dict[str, Any]:
@@ -82,11 +77,11 @@ def prepared(
         with MpsNode(server, NODE, world):
             got = await prep.prepare([ref(claim)])
             assert got[uid].error == "", got[uid].error
-            deps = deployments(server)
+            deps = list(deployments(server).values())
             spec = spec_of(tmp_path, uid)
             (tmp_path / "spec.json").write_text(json.dumps(spec))
             assert await prep.unprepare([ref(claim)]) == {uid: UNPREPARED}
-            assert deployments(server) == []
+            assert deployments(server) == {}
             assert world.mounted() == []
             assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
         await api.close()

@@ -12,7 +12,6 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -33,7 +32,7 @@ from fakes.mps_harness import (
     ref,
     two_group_claim,
 )
-from fakes.mps_node import MpsNode, MpsWorld, make_world
+from fakes.mps_node import MpsNode, MpsWorld, deployments, make_world
 
 UUID0, UUID1 = list(GPUS)
 UID = "11111111-0000-4000-8000-000000000001"
@@ -57,13 +56,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MpsWorld:
     return w
 
 
-def deployments(server: FakeAPIServer) -> list[dict[str, Any]]:
-    with server.lock:
-        return list(server.objects.deployments.values())
-
-
 def nothing_left(root: Path, server: FakeAPIServer, world: MpsWorld) -> None:
-    assert deployments(server) == [] and world.mounted() == []
+    assert deployments(server) == {} and world.mounted() == []
     assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
     assert list((root / "state" / "mps").iterdir()) == []
 
@@ -228,7 +222,7 @@ def test_a_claim_whose_daemons_cannot_be_recorded_fails_naming_one_and_nothing_i
 
     error = asyncio.run(go())
     assert "cannot record it" in error and "No space left" in error, error
-    assert deployments(server) == [] and world.mounted() == []
+    assert deployments(server) == {} and world.mounted() == []
     assert world.modes() == dict.fromkeys(GPUS, "DEFAULT")
     assert not (tmp_path / "state" / "mps").exists() or not any(
         (tmp_path / "state" / "mps").iterdir()
