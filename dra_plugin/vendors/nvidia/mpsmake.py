@@ -7,6 +7,7 @@ step is idempotent: done again after a kill -9, it finds what was done and goes 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from dra_plugin import crashpoints
@@ -24,26 +25,17 @@ from dra_plugin.vendors.workloads import WorkloadError, Workloads
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)  # one per driver: compared by identity
 class DaemonHost:
     """Makes and removes daemons' parts under `root` (the plugin's mps dir)."""
 
-    def __init__(
-        self,
-        options: MpsOptions,
-        root: Path,
-        driver_root: Path,
-        workloads: Workloads | None,
-        smi: NvidiaSmi,
-        mounter: Mounter,
-        shm_size: str,
-    ) -> None:
-        self.options = options
-        self.root = root
-        self.driver_root = driver_root
-        self.workloads = workloads
-        self.smi = smi
-        self.mounter = mounter
-        self.shm_size = shm_size
+    options: MpsOptions
+    root: Path
+    driver_root: Path
+    workloads: Workloads | None
+    smi: NvidiaSmi
+    mounter: Mounter
+    shm_size: str
 
     def node(self) -> str:
         return self.workloads.node_name if self.workloads is not None else ""
